@@ -63,21 +63,43 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     # head_dim 32: sum(mrope_section) == 16. alpha != r so the alpha/r scale is exercised.
     "tiny": Preset(
-        hidden=128, layers=3, heads=4, kv_heads=2, intermediate=256, mrope_section=(4, 6, 6),
-        vit_hidden=128, vit_depth=4, vit_heads=4, vit_intermediate=256, fullatt_blocks=(1, 3),
-        lora_r=4, lora_alpha=8, projector_dim=32, matryoshka_dims=(32, 64, 128),
+        hidden=128,
+        layers=3,
+        heads=4,
+        kv_heads=2,
+        intermediate=256,
+        mrope_section=(4, 6, 6),
+        vit_hidden=128,
+        vit_depth=4,
+        vit_heads=4,
+        vit_intermediate=256,
+        fullatt_blocks=(1, 3),
+        lora_r=4,
+        lora_alpha=8,
+        projector_dim=32,
+        matryoshka_dims=(32, 64, 128),
     ),
     # real jina-v4 widths (DESIGN §4), 4 + 4 layers.
     "bench": Preset(
-        hidden=2048, layers=4, heads=16, kv_heads=2, intermediate=11008, mrope_section=(16, 24, 24),
-        vit_hidden=1280, vit_depth=4, vit_heads=16, vit_intermediate=3420, fullatt_blocks=(3,),
-        lora_r=32, lora_alpha=32,
+        hidden=2048,
+        layers=4,
+        heads=16,
+        kv_heads=2,
+        intermediate=11008,
+        mrope_section=(16, 24, 24),
+        vit_hidden=1280,
+        vit_depth=4,
+        vit_heads=16,
+        vit_intermediate=3420,
+        fullatt_blocks=(3,),
+        lora_r=32,
+        lora_alpha=32,
     ),
 }
 
 
 def jina_config(p: Preset) -> dict[str, Any]:
-    """config.json as jina-embeddings-v4 ships it: flat text fields, nested vision_config, extras."""
+    """config.json as jina-embeddings-v4 ships it: flat text fields, nested vision, extras."""
     return {
         "architectures": ["JinaEmbeddingsV4Model"],
         "model_type": "qwen2_5_vl",
@@ -100,7 +122,9 @@ def jina_config(p: Preset) -> dict[str, Any]:
         "num_key_value_heads": p.kv_heads,
         "rms_norm_eps": 1e-06,
         "rope_scaling": {
-            "type": "mrope", "rope_type": "default", "mrope_section": list(p.mrope_section)
+            "type": "mrope",
+            "rope_type": "default",
+            "mrope_section": list(p.mrope_section),
         },
         "rope_theta": 1000000.0,
         "sliding_window": 32768,
@@ -165,8 +189,11 @@ def _init_tensor(seed: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
     like trained Qwen2 embeddings.
     """
     g = _generator(seed, name)
-    if name.endswith("norm.weight") or "layernorm" in name or name.endswith("ln_q.weight") or (
-        "norm1" in name or "norm2" in name
+    if (
+        name.endswith("norm.weight")
+        or "layernorm" in name
+        or name.endswith("ln_q.weight")
+        or ("norm1" in name or "norm2" in name)
     ):
         return 1.0 + 0.1 * torch.randn(shape, generator=g)
     if name.endswith(".bias"):
@@ -208,9 +235,7 @@ def projector_state_dict(p: Preset, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-def lora_state_dict(
-    p: Preset, seed: int, base: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
+def lora_state_dict(p: Preset, seed: int, base: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Task LoRA for every LLM projection and the projector; B is non-zero so tasks differ.
 
     Scaled so each task's delta B·A·alpha/r is about a third of the base weight's spread.
@@ -223,8 +248,10 @@ def lora_state_dict(
     modules.append("multi_vector_projector")
     proj = projector_state_dict(p, seed)
     for module in modules:
-        w = proj["multi_vector_projector.weight"] if module == "multi_vector_projector" else (
-            base[module + ".weight"]
+        w = (
+            proj["multi_vector_projector.weight"]
+            if module == "multi_vector_projector"
+            else (base[module + ".weight"])
         )
         n_out, n_in = w.shape
         w_std = float(w.float().std())
@@ -292,8 +319,12 @@ def write_tokenizer(out: Path, vocab_gguf: Path) -> None:
     tok.save(str(out / "tokenizer.json"))
     added = {
         str(tok.token_to_id(t)): {
-            "content": t, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": True,
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
         }
         for t in constants_special_tokens()
     }
@@ -333,9 +364,9 @@ def make_checkpoint(
     """Write a random checkpoint and return its directory.
 
     ``layout="jina"`` is the real jina-embeddings-v4 layout (flat base keys, bf16, adapters,
-    projector, jina config extras). ``layout="qwen"`` is a plain transformers 5.x Qwen2.5-VL
-    Qwen2.5-VL directory (hub layout) with ``plain_task``'s LoRA merged in and no projector, like the merged vLLM
-    variants of jina-v4 (single vector only).
+    projector, jina config extras). ``layout="qwen"`` is a plain Qwen2.5-VL directory (hub
+    layout) with ``plain_task``'s LoRA merged in and no projector, like the merged vLLM variants
+    of jina-v4 (single vector only).
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
@@ -376,8 +407,12 @@ def make_checkpoint(
         _save_sharded(tensors, out, p.shard_bytes)
         config = jina_config(p)
         config["architectures"] = ["Qwen2_5_VLForConditionalGeneration"]
-        for extra in ("single_vector_pool_strategy", "multi_vector_projector_dim",
-                      "matryoshka_dims", "task_names"):
+        for extra in (
+            "single_vector_pool_strategy",
+            "multi_vector_projector_dim",
+            "matryoshka_dims",
+            "task_names",
+        ):
             del config[extra]
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "preprocessor_config.json").write_text(json.dumps(preprocessor_config(), indent=2))

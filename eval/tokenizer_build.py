@@ -1,4 +1,4 @@
-"""Rebuild the Qwen2 / Qwen2.5-VL tokenizer from the vocabulary shipped in the pinned llama.cpp tree.
+"""Rebuild the Qwen2.5-VL tokenizer from the vocabulary shipped in the pinned llama.cpp tree.
 
 No tokenizer can be downloaded here, but ``models/ggml-vocab-qwen2.gguf`` in the pinned llama.cpp
 source carries the real Qwen2 byte-level BPE vocabulary (151643 tokens) and its merges. A
@@ -75,13 +75,13 @@ def build_tokenizer(vocab_gguf: Path) -> Tokenizer:
         ]
     )
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False)
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
-    )
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     for offset, name in enumerate(SPECIAL_TOKENS):
         got = tok.token_to_id(name)
         if got != FIRST_SPECIAL_ID + offset:
-            raise ValueError(f"special token {name!r} got id {got}, want {FIRST_SPECIAL_ID + offset}")
+            raise ValueError(
+                f"special token {name!r} got id {got}, want {FIRST_SPECIAL_ID + offset}"
+            )
     return tok
 
 

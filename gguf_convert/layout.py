@@ -104,4 +104,6 @@ def find_checkpoint_files(root: Path) -> CheckpointFiles:
         )
     adapters = root / "adapters"
     has_adapters = (adapters / "adapter_model.safetensors").is_file()
-    return CheckpointFiles(root=root, weight_files=files, adapter_dir=adapters if has_adapters else None)
+    return CheckpointFiles(
+        root=root, weight_files=files, adapter_dir=adapters if has_adapters else None
+    )

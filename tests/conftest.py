@@ -28,7 +28,9 @@ def vocab_gguf(llama_source: Path) -> Path:
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory, vocab_gguf: Path) -> Path:
     from eval.synthetic import make_checkpoint
 
-    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", 0, vocab_gguf=vocab_gguf)
+    return make_checkpoint(
+        tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", 0, vocab_gguf=vocab_gguf
+    )
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +38,11 @@ def tiny_plain_checkpoint(tmp_path_factory: pytest.TempPathFactory, vocab_gguf: 
     from eval.synthetic import make_checkpoint
 
     return make_checkpoint(
-        tmp_path_factory.mktemp("ckpt") / "tiny-plain", "tiny", 0, layout="qwen", vocab_gguf=vocab_gguf
+        tmp_path_factory.mktemp("ckpt") / "tiny-plain",
+        "tiny",
+        0,
+        layout="qwen",
+        vocab_gguf=vocab_gguf,
     )
 
 

@@ -21,9 +21,10 @@ def test_jina_layout(tiny_checkpoint: Path) -> None:
     assert cfg["architectures"] == ["JinaEmbeddingsV4Model"]
     assert cfg["task_names"] == list(TASKS)
     assert cfg["multi_vector_projector_dim"] == PRESETS["tiny"].projector_dim
-    assert sum(cfg["rope_scaling"]["mrope_section"]) * 2 == cfg["hidden_size"] // cfg[
-        "num_attention_heads"
-    ]
+    assert (
+        sum(cfg["rope_scaling"]["mrope_section"]) * 2
+        == cfg["hidden_size"] // cfg["num_attention_heads"]
+    )
     vc = cfg["vision_config"]
     assert vc["depth"] >= 4 and vc["fullatt_block_indexes"] and cfg["num_hidden_layers"] >= 2
     with safe_open(str(tiny_checkpoint / "model.safetensors"), "pt") as f:

@@ -1,6 +1,11 @@
 from pathlib import Path
 
-from eval.tokenizer_build import FIRST_SPECIAL_ID, SPECIAL_TOKENS, build_tokenizer, read_test_vectors
+from eval.tokenizer_build import (
+    FIRST_SPECIAL_ID,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+    read_test_vectors,
+)
 
 
 def test_reproduces_upstream_test_vectors(vocab_gguf: Path) -> None:

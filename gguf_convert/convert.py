@@ -1,0 +1,214 @@
+"""Orchestrates one conversion: checkpoint → per-task text GGUFs, mmproj, projectors, manifest.
+
+Tasks are served by merging each task's LoRA into its own text GGUF (W' = W + B·A·alpha/r in
+f32), one llama-server per task sharing one mmproj file. That keeps every request on the plain,
+well-trodden embedding path (no per-request adapter switching inside a batch) and makes the
+merged weights directly comparable with the reference; the cost is one text model in memory per
+task served (docs/convert.md has the numbers).
+
+Idempotent: a file whose inputs (source fingerprint, task, dtype) match the existing manifest
+and whose checksum still matches is not rewritten, so an interrupted run can simply be re-run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from gguf_convert.checkpoint import Checkpoint, open_checkpoint
+from gguf_convert.layout import PROJECTOR_PREFIX
+from gguf_convert.manifest import MANIFEST, Manifest, TaskFiles, load_manifest, sha256_file
+from gguf_convert.vocab import gguf_vocab
+from gguf_convert.writer import DTYPES, write_mmproj_gguf, write_text_gguf
+
+PROMPTS = {"query": "Query: ", "passage": "Passage: "}
+IMAGE_PROMPT = "<|im_start|>user\n{image}Describe the image.<|im_end|>\n"
+QUANT_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "IQ4_XS", "IQ4_NL")
+
+
+def source_fingerprint(ckpt: Checkpoint) -> str:
+    """Changes when the checkpoint's config, weights or adapters change (name, size, mtime)."""
+    h = hashlib.sha256((ckpt.files.root / "config.json").read_bytes())
+    paths = list(ckpt.files.weight_files)
+    if ckpt.files.adapter_dir is not None:
+        paths += sorted(ckpt.files.adapter_dir.iterdir())
+    for p in paths:
+        st = p.stat()
+        h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _fresh(previous: Manifest | None, fingerprint: str, root: Path, name: str) -> bool:
+    """True when ``name`` was made from this same source and is intact on disk."""
+    if previous is None or previous.source_fingerprint != fingerprint:
+        return False
+    rec = previous.files.get(name)
+    path = root / name
+    return (
+        bool(rec)
+        and path.is_file()
+        and path.stat().st_size == rec["bytes"]
+        and (path.stat().st_mtime == rec.get("mtime") or sha256_file(path) == rec["sha256"])
+    )
+
+
+def write_projector(ckpt: Checkpoint, task: str | None, out: Path) -> Path:
+    """The multi-vector projector with the task's LoRA merged, as .npz (numpy alone loads it)."""
+    weight = ckpt.load(PROJECTOR_PREFIX + "weight", task)
+    bias = (
+        ckpt.load(PROJECTOR_PREFIX + "bias")
+        if PROJECTOR_PREFIX + "bias" in (ckpt.tensor_files)
+        else np.zeros(weight.shape[0], np.float32)
+    )
+    tmp = out.with_name(out.name + ".partial.npz")
+    np.savez(tmp, weight=weight, bias=bias)
+    tmp.replace(out)
+    return out
+
+
+def quantize(src: Path, dst: Path, qtype: str, threads: int | None = None) -> Path:
+    """Run the built llama-quantize (the same build as the server, so formats match)."""
+    from llama_patches.build import quantize_binary
+
+    cmd = [str(quantize_binary()), str(src), str(dst.with_name(dst.name + ".partial")), qtype]
+    if threads:
+        cmd.append(str(threads))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-quantize {qtype} failed:\n{proc.stderr[-2000:]}")
+    dst.with_name(dst.name + ".partial").replace(dst)
+    return dst
+
+
+def convert(
+    hf_dir: Path,
+    out_dir: Path,
+    tasks: list[str] | None = None,
+    dtype: str = "f32",
+    quants: list[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Manifest:
+    """Convert ``hf_dir`` into ``out_dir``; return the manifest written there."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
+    for q in quants or []:
+        if q not in QUANT_TYPES:
+            raise ValueError(f"unknown quantisation {q!r}; choose from {list(QUANT_TYPES)}")
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    ckpt = open_checkpoint(Path(hf_dir))
+    available = ckpt.tasks
+    is_jina = bool(available)
+    if is_jina:
+        wanted = list(available) if not tasks or tasks == ["all"] else tasks
+        unknown = [t for t in wanted if t not in available]
+        if unknown:
+            raise ValueError(f"unknown task(s) {unknown}; this checkpoint has {list(available)}")
+    else:
+        # a plain Qwen2.5-VL (e.g. a merged "-vllm-" jina variant): one task, the one merged in
+        if tasks and (len(tasks) != 1 or tasks[0] == "all"):
+            raise ValueError("a checkpoint without adapters has one task; name it with --task")
+        wanted = tasks or ["retrieval"]
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fingerprint = source_fingerprint(ckpt)
+    try:
+        previous: Manifest | None = load_manifest(out_dir)
+    except (FileNotFoundError, ValueError, TypeError, KeyError):
+        previous = None
+
+    from llama_patches.build import PIN, patch_hash
+
+    tc = ckpt.text_config
+    name = ckpt.files.root.name
+    tok_file = "tokenizer.json"
+    (out_dir / tok_file).write_bytes((ckpt.files.root / tok_file).read_bytes())
+    vocab, merges = gguf_vocab(ckpt.files.root / tok_file, int(tc["vocab_size"]))
+    pre = ckpt.preprocessor
+    manifest = Manifest(
+        model_name=name,
+        source_kind="jina-v4" if is_jina else "qwen2.5-vl",
+        hidden_size=int(tc["hidden_size"]),
+        multi_vector_dim=(
+            int(ckpt.config.get("multi_vector_projector_dim", 128)) if ckpt.has_projector else None
+        ),
+        matryoshka_dims=[int(d) for d in ckpt.config.get("matryoshka_dims", [])]
+        or [int(tc["hidden_size"])],
+        prompts=dict(PROMPTS),
+        image_prompt=IMAGE_PROMPT,
+        min_pixels=int(pre.get("min_pixels", 3136)),
+        max_pixels=int(pre.get("max_pixels", 602112)),
+        patch_size=int(ckpt.config["vision_config"].get("patch_size", 14)),
+        merge_size=int(ckpt.config["vision_config"].get("spatial_merge_size", 2)),
+        temporal_patch_size=int(ckpt.config["vision_config"].get("temporal_patch_size", 2)),
+        mmproj={},
+        tasks={},
+        tokenizer=tok_file,
+        llama_cpp={"pin": PIN, "patch_hash": patch_hash()},
+        source_fingerprint=fingerprint,
+        default_task=wanted[0],
+        files=dict(previous.files)
+        if previous and previous.source_fingerprint == fingerprint
+        else {},
+    )
+    if not ckpt.has_projector:
+        manifest.notes.append(
+            "no multi_vector_projector in the checkpoint: single-vector embeddings only"
+        )
+    if not is_jina:
+        manifest.notes.append(
+            f"no task adapters: weights served as they are, under the task name {wanted[0]!r}"
+        )
+
+    start = time.perf_counter()
+    mm = f"mmproj-{dtype}.gguf"
+    if _fresh(previous, fingerprint, out_dir, mm):
+        say(f"{mm}: up to date")
+    else:
+        write_mmproj_gguf(ckpt, out_dir / mm, dtype, name, progress=say)
+    manifest.mmproj[dtype] = mm
+    for task in wanted:
+        files = TaskFiles()
+        text = f"text-{task}-{dtype}.gguf"
+        if _fresh(previous, fingerprint, out_dir, text):
+            say(f"{text}: up to date")
+        else:
+            write_text_gguf(
+                ckpt,
+                task if is_jina else None,
+                out_dir / text,
+                dtype,
+                vocab,
+                merges,
+                f"{name}-{task}",
+                progress=say,
+            )
+        files.text[dtype] = text
+        for q in quants or []:
+            qname = f"text-{task}-{q}.gguf"
+            if _fresh(previous, fingerprint, out_dir, qname):
+                say(f"{qname}: up to date")
+            else:
+                say(f"{qname}: quantising")
+                quantize(out_dir / text, out_dir / qname, q)
+            files.text[q] = qname
+        if ckpt.has_projector:
+            proj = f"projector-{task}.npz"
+            write_projector(ckpt, task if is_jina else None, out_dir / proj)
+            files.projector = proj
+        manifest.tasks[task] = files
+    manifest.record_files(out_dir)
+    (out_dir / MANIFEST).write_text(manifest.to_json())
+    say(f"converted {name} ({', '.join(wanted)}) in {time.perf_counter() - start:.1f} s")
+    return manifest
+
+
+def describe(manifest: Manifest) -> str:
+    return json.dumps({t: f.text for t, f in manifest.tasks.items()}, indent=2)
