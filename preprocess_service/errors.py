@@ -1,10 +1,16 @@
 """Typed exceptions of vlembed; every stage raises these and only the API maps them to HTTP.
 
-Hierarchy::
+Hierarchy (HTTP status in brackets, mapped once in ``api/errors.py``)::
 
-    VlembedError                 base of everything vlembed raises on purpose
-     └── InvalidInputError       the request is at fault (a 4xx answer)
-          └── ImageError         image bytes or geometry we cannot or will not process
+    VlembedError                      base of everything vlembed raises on purpose
+     ├── InvalidInputError [400]      the request is at fault
+     │    ├── ImageError [400]        image bytes or geometry we cannot or will not process
+     │    └── InputTooLargeError [413] over the context / size budget
+     ├── AuthenticationError [401]    missing or wrong API key
+     ├── OverloadedError [429]        the bounded queue is full; retry later
+     └── BackendError [502]           llama-server answered something we cannot use
+          ├── BackendUnavailableError [503]  no healthy backend (crashed, restarting, down)
+          └── BackendTimeoutError [504]      the backend did not answer within the deadline
 
 Programming errors (bad arguments from our own code) stay plain ``ValueError``/``TypeError``
 so that they surface as 500s instead of being blamed on the client.
@@ -12,11 +18,28 @@ so that they surface as 500s instead of being blamed on the client.
 
 from __future__ import annotations
 
-__all__ = ["ImageError", "InvalidInputError", "VlembedError"]
+__all__ = [
+    "AuthenticationError",
+    "BackendError",
+    "BackendTimeoutError",
+    "BackendUnavailableError",
+    "ImageError",
+    "InputTooLargeError",
+    "InvalidInputError",
+    "OverloadedError",
+    "VlembedError",
+]
 
 
 class VlembedError(Exception):
     """Base class of all deliberate vlembed errors."""
+
+    #: the request field at fault, when known (OpenAI error ``param``)
+    param: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class InvalidInputError(VlembedError):
@@ -25,3 +48,35 @@ class InvalidInputError(VlembedError):
 
 class ImageError(InvalidInputError):
     """An image cannot be decoded, is too large, or has an unsupported mode or geometry."""
+
+
+class InputTooLargeError(InvalidInputError):
+    """An input needs more tokens (or bytes) than the service accepts."""
+
+
+class AuthenticationError(VlembedError):
+    """Missing or wrong bearer token."""
+
+
+class OverloadedError(VlembedError):
+    """Too many items in flight; the client should retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class BackendError(VlembedError):
+    """llama-server failed in a way that is not the client's fault."""
+
+
+class BackendUnavailableError(BackendError):
+    """No backend can take the request now (crashed and restarting, or unreachable)."""
+
+    def __init__(self, message: str, *, retry_after: float = 2.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class BackendTimeoutError(BackendError):
+    """The backend did not answer within the request deadline."""

@@ -196,7 +196,9 @@ def to_rgb(image: Image.Image) -> Image.Image:
     * alpha if ``"A"`` is one of ``image.getbands()`` or ``image.info["transparency"]`` is set
       (RGBA, LA, PA, P/L/RGB with a tRNS chunk or GIF transparency): convert to RGBA,
       ``alpha_composite`` onto opaque white, convert to RGB. Quirk kept on purpose: LAB's
-      ``"A"`` band (the green-red axis) counts as alpha too, so LAB takes this path.
+      ``"A"`` band (the green-red axis) counts as alpha too, and Pillow's LAB -> RGBA carries
+      LAB's hidden 4th byte as alpha. That byte is 255 in decoded files (no effect) but holds
+      the old alpha of a LAB image converted from RGBA in memory, which then gets whitened.
     * otherwise ``image.convert("RGB")``: L, 1, P, CMYK, YCbCr, HSV, RGBX and premultiplied
       RGBa convert with Pillow's rules; I, I;16 and F are clipped to 0..255, not rescaled
       (a 16-bit grey PNG comes out mostly white -- as in HF).

@@ -58,3 +58,13 @@ def tiny_reference(_tiny_reference) -> Iterator:
     """The session's reference embedder, put back on the retrieval task after each test."""
     yield _tiny_reference
     _tiny_reference.set_task("retrieval")
+
+
+@pytest.fixture(scope="session")
+def tiny_converted(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint as served: f32 GGUFs for every task, projectors, manifest."""
+    from gguf_convert.convert import convert
+
+    out = tmp_path_factory.mktemp("served") / "tiny-f32"
+    convert(tiny_checkpoint, out, dtype="f32", progress=lambda _: None)
+    return out

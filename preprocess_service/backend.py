@@ -1,0 +1,147 @@
+"""Client for the patched llama-servers, and the least-outstanding choice among them.
+
+All httpx errors and backend statuses are translated to vlembed's typed errors in exactly one
+place (``_translate`` / ``_check_status``). A backend that fails to connect is marked unhealthy
+until the health monitor sees it answer again; its media marker is re-read then, because
+llama-server randomises the marker at every start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from preprocess_service.backend_wire import Rows, WireFormatError, decode_rows, encode_patches
+from preprocess_service.errors import (
+    BackendError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    InputTooLargeError,
+    InvalidInputError,
+)
+
+log = logging.getLogger("vlembed.backend")
+
+
+@dataclass
+class Backend:
+    """One llama-server serving one task."""
+
+    url: str
+    task: str
+    client: httpx.AsyncClient
+    healthy: bool = False
+    outstanding: int = 0
+    marker: str | None = None
+    n_ctx: int | None = None  # per-slot context, from /props
+    precomputed_patches: bool = False
+    served: int = 0
+
+    async def refresh(self) -> bool:
+        """Health + props. Returns whether the backend is ready for requests."""
+        try:
+            health = await self.client.get(f"{self.url}/health", timeout=5.0)
+            if health.status_code != 200:
+                self.healthy = False
+                return False
+            props = (await self.client.get(f"{self.url}/props", timeout=5.0)).json()
+        except (httpx.HTTPError, ValueError):
+            self.healthy = False
+            return False
+        self.marker = props.get("media_marker") or "<__media__>"
+        settings = props.get("default_generation_settings") or {}
+        self.n_ctx = int(settings.get("n_ctx") or 0) or None
+        self.precomputed_patches = bool((props.get("vlembed") or {}).get("precomputed_patches"))
+        self.healthy = True
+        return True
+
+    async def embed(
+        self,
+        prompt: str,
+        images: Sequence[tuple[np.ndarray, tuple[int, int, int]]],
+        timeout: float,
+    ) -> Rows:
+        """Every token's row of one prompt (markers in ``prompt`` where the images go)."""
+        content: dict[str, object] = {"prompt_string": prompt}
+        if images:
+            content["multimodal_patches"] = [encode_patches(p, g) for p, g in images]
+        body = {"content": content, "rows_format": "f32"}
+        try:
+            resp = await self.client.post(f"{self.url}/embeddings", json=body, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise self._translate(exc) from exc
+        self._check_status(resp)
+        try:
+            rows = decode_rows(resp.content)
+        except WireFormatError as exc:
+            raise BackendError(f"backend {self.url} sent a malformed rows body: {exc}") from exc
+        self.served += 1
+        return rows
+
+    def _translate(self, exc: httpx.HTTPError) -> Exception:
+        if isinstance(exc, httpx.TimeoutException):
+            return BackendTimeoutError(f"backend {self.url} did not answer in time")
+        # connection refused/reset, protocol errors: the server is down or restarting
+        self.healthy = False
+        return BackendUnavailableError(f"backend {self.url} is unavailable ({type(exc).__name__})")
+
+    def _check_status(self, resp: httpx.Response) -> None:
+        if resp.status_code == 200:
+            return
+        try:
+            message = str(resp.json()["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            message = resp.text[:500]
+        if resp.status_code == 400:
+            if "too large" in message or "context" in message:
+                raise InputTooLargeError(f"input rejected by the backend: {message}")
+            raise InvalidInputError(f"input rejected by the backend: {message}")
+        if resp.status_code == 503:
+            self.healthy = False
+            raise BackendUnavailableError(f"backend {self.url} is loading or busy: {message}")
+        raise BackendError(f"backend {self.url} answered {resp.status_code}: {message}")
+
+
+@dataclass
+class BackendPool:
+    """The backends of one task; ``acquire`` picks the healthy one with least in flight."""
+
+    task: str
+    backends: list[Backend] = field(default_factory=list)
+    _tiebreak: itertools.count = field(default_factory=itertools.count)
+
+    def healthy(self) -> list[Backend]:
+        return [b for b in self.backends if b.healthy]
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Backend]:
+        candidates = self.healthy()
+        if not candidates:
+            raise BackendUnavailableError(f"no healthy backend for task {self.task!r}")
+        n = next(self._tiebreak)
+        best = min(
+            candidates,
+            key=lambda b: (b.outstanding, (self.backends.index(b) - n) % len(self.backends)),
+        )
+        best.outstanding += 1
+        try:
+            yield best
+        finally:
+            best.outstanding -= 1
+
+    async def wait_healthy(self, timeout: float) -> bool:
+        """Bounded wait for any backend to come (back) up; never waits forever."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            if self.healthy():
+                return True
+            await asyncio.sleep(0.2)
+        return bool(self.healthy())

@@ -1,0 +1,230 @@
+"""``vlembed serve``: the embeddings API, with its llama-servers started and supervised here.
+
+Every flag has an environment variable (``VLEMBED_*``) so containers configure it without a
+command line. With no ``--model`` it makes the tiny random checkpoint, converts it and serves
+it: a smoke test of the whole stack, loudly labelled as random weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger("vlembed.serve")
+
+VARIANTS = ("f32", "f16", "bf16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "IQ4_XS", "IQ4_NL")
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"VLEMBED_{name}", default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    in_container = Path("/.dockerenv").exists()
+    p = argparse.ArgumentParser(prog="vlembed serve", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--model",
+        default=_env("MODEL"),
+        help="converted directory (manifest.json) or a HF checkpoint to convert; "
+        "default: a tiny random checkpoint (smoke test)",
+    )
+    p.add_argument("--host", default=_env("HOST", "0.0.0.0" if in_container else "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(_env("PORT", "8000") or 8000))
+    p.add_argument(
+        "--backend",
+        action="append",
+        metavar="[TASK=]URL",
+        default=[b for b in (_env("BACKENDS") or "").split(",") if b.strip()],
+        help="use running llama-servers instead of starting them (repeatable)",
+    )
+    p.add_argument("--api-key", default=_env("API_KEY"), help="require Authorization: Bearer KEY")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=int(_env("PARALLEL", "2") or 2),
+        help="slots per llama-server",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=int(_env("THREADS", "0") or 0) or None,
+        help="threads per llama-server",
+    )
+    p.add_argument(
+        "--variant",
+        default=_env("VARIANT"),
+        choices=VARIANTS,
+        help="text GGUF variant (default: the converted dtype)",
+    )
+    p.add_argument(
+        "--tasks",
+        default=_env("TASKS"),
+        help="comma-separated tasks to serve (default: all in the manifest)",
+    )
+    p.add_argument(
+        "--ctx-size",
+        type=int,
+        default=int(_env("CTX_SIZE", "4096") or 4096),
+        help="context per slot (tokens); also the batch size",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=int(_env("MAX_QUEUE", "256") or 256),
+        help="inputs in flight before answering 429",
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=float(_env("REQUEST_TIMEOUT", "120") or 120)
+    )
+    p.add_argument(
+        "--allow-url-fetch",
+        action="store_true",
+        default=_env("ALLOW_URL_FETCH", "") in ("1", "true"),
+        help="fetch http(s) image URLs",
+    )
+    p.add_argument(
+        "--allow-file-dir",
+        default=_env("ALLOW_FILE_DIR"),
+        help="serve file:// image paths inside this directory",
+    )
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"))
+    return p
+
+
+def default_model_dir() -> Path:
+    """The tiny random checkpoint, converted (built once, cached)."""
+    from llama_patches.build import cache_root
+
+    log.warning("=" * 72)
+    log.warning("no --model given: serving a TINY RANDOM-WEIGHT checkpoint (smoke test only)")
+    log.warning("its vectors mean nothing; pass --model DIR for a real model")
+    log.warning("=" * 72)
+    root = cache_root() / "models"
+    return resolve_model_dir(root / "tiny-random", make_tiny=True)
+
+
+def resolve_model_dir(path: Path, make_tiny: bool = False) -> Path:
+    """A converted directory as is; a HF checkpoint converted once into the cache."""
+    if (path / "manifest.json").is_file():
+        return path
+    from llama_patches.build import cache_root
+
+    if make_tiny:
+        hf = path.with_name(path.name + "-hf")
+        if not (hf / "config.json").is_file():
+            from eval.synthetic import make_checkpoint
+
+            make_checkpoint(hf, "tiny", 0)
+        out = path
+    elif (path / "config.json").is_file():
+        hf = path
+        out = cache_root() / "models" / (path.resolve().name + "-gguf")
+    else:
+        raise SystemExit(
+            f"vlembed serve: {str(path)!r} is neither a converted model "
+            "(manifest.json) nor a Hugging Face checkpoint (config.json)"
+        )
+    try:
+        from gguf_convert.convert import convert
+    except ImportError as exc:  # torch & co. are in the convert extra
+        raise SystemExit(
+            "vlembed serve: converting a checkpoint needs the convert extra: "
+            "pip install 'vlembed[convert]'"
+        ) from exc
+    convert(hf, out, dtype="f32" if make_tiny else "f16")
+    return out
+
+
+def _parse_backends(specs: list[str], default_task: str) -> list[tuple[str, str]]:
+    out = []
+    for spec in specs:
+        task, sep, url = spec.strip().partition("=")
+        if not sep:
+            task, url = default_task, spec.strip()
+        if not url.startswith(("http://", "https://")):
+            raise SystemExit(f"vlembed serve: backend {spec!r} is not [TASK=]http(s)://host:port")
+        out.append((task, url.rstrip("/")))
+    return out
+
+
+def build_state(args: argparse.Namespace):
+    from preprocess_service.api.app import AppState
+    from preprocess_service.api.inputs import InputPolicy
+    from preprocess_service.backend import Backend, BackendPool
+    from preprocess_service.embedder import EmbeddingService, Limits
+    from preprocess_service.model import load_served_model
+    from preprocess_service.supervisor import ManagedServer, ServerSpec, free_port
+
+    model_dir = resolve_model_dir(Path(args.model)) if args.model else default_model_dir()
+    model = load_served_model(model_dir)
+    m = model.manifest
+    tasks = [t.strip() for t in args.tasks.split(",")] if args.tasks else list(m.tasks)
+    unknown = [t for t in tasks if t not in m.tasks]
+    if unknown:
+        raise SystemExit(f"vlembed serve: unknown task(s) {unknown}; the model has {list(m.tasks)}")
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
+    pools = {t: BackendPool(t) for t in tasks}
+    managed: list[tuple[ManagedServer, str]] = []
+    if args.backend:
+        for task, url in _parse_backends(args.backend, m.default_task):
+            if task not in pools:
+                raise SystemExit(f"vlembed serve: backend task {task!r} is not served ({tasks})")
+            pools[task].backends.append(Backend(url, task, httpx.AsyncClient(limits=limits)))
+        empty = [t for t, p in pools.items() if not p.backends]
+        if empty:
+            raise SystemExit(f"vlembed serve: no --backend for task(s) {empty}")
+    else:
+        from llama_patches.build import cache_root, server_binary
+
+        binary = server_binary()
+        for task in tasks:
+            files = m.tasks[task].text
+            variant = args.variant or next(iter(files))
+            if variant not in files:
+                raise SystemExit(
+                    f"vlembed serve: variant {variant!r} not converted for {task!r}: {list(files)}"
+                )
+            mm_dtype = "f32" if variant == "f32" and "f32" in m.mmproj else next(iter(m.mmproj))
+            spec = ServerSpec(
+                binary=binary,
+                model=model_dir / files[variant],
+                mmproj=model_dir / m.mmproj[mm_dtype],
+                port=free_port(),
+                parallel=args.parallel,
+                threads=args.threads,
+                ctx_per_slot=args.ctx_size,
+            )
+            log_path = cache_root() / "logs" / f"llama-server-{task}-{spec.port}.log"
+            managed.append((ManagedServer(spec, log_path), task))
+            pools[task].backends.append(Backend(spec.url, task, httpx.AsyncClient(limits=limits)))
+    service = EmbeddingService(
+        model=model,
+        pools=pools,
+        limits=Limits(max_queue=args.max_queue, request_timeout=args.request_timeout),
+    )
+    policy = InputPolicy(
+        allow_url_fetch=args.allow_url_fetch,
+        allow_file_dir=Path(args.allow_file_dir) if args.allow_file_dir else None,
+    )
+    return AppState(service=service, policy=policy, api_key=args.api_key, managed=managed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    import uvicorn
+
+    from preprocess_service.api.app import create_app
+
+    app = create_app(build_state(args))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    return 0

@@ -1,0 +1,144 @@
+"""Starts, watches and restarts the local patched llama-server processes.
+
+One process per served task (each task has its own merged text GGUF; all share one mmproj).
+A process that exits is restarted with a capped exponential backoff; its backend is marked
+unhealthy meanwhile, so requests get a clean 503 (or go to another replica) instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("vlembed.supervisor")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How to start one llama-server. ``ctx_per_slot`` also sizes the (u)batch: llama.cpp
+    refuses an embedding prompt longer than one ubatch with a 500, so they must match."""
+
+    binary: Path
+    model: Path
+    mmproj: Path
+    port: int
+    host: str = "127.0.0.1"
+    parallel: int = 2
+    threads: int | None = None
+    ctx_per_slot: int = 4096
+    extra_args: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        args = [
+            str(self.binary),
+            "-m",
+            str(self.model),
+            "--mmproj",
+            str(self.mmproj),
+            "--embeddings",
+            "--pooling",
+            "none",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "-np",
+            str(self.parallel),
+            "-c",
+            str(self.ctx_per_slot * self.parallel),
+            "-b",
+            str(self.ctx_per_slot),
+            "-ub",
+            str(self.ctx_per_slot),
+            "--no-kv-unified",
+            "--no-webui",
+        ]
+        if self.threads:
+            args += ["-t", str(self.threads)]
+        return args + list(self.extra_args)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass
+class ManagedServer:
+    spec: ServerSpec
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    _backoff: float = 0.5
+    _next_start: float = 0.0
+    started_at: float = field(default=0.0)
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
+        self.proc = subprocess.Popen(
+            self.spec.argv(),
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # our Ctrl-C is ours; we stop it explicitly
+        )
+        logf.close()
+        self.started_at = time.monotonic()
+        log.info("started llama-server pid %d on %s", self.proc.pid, self.spec.url)
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def maybe_restart(self) -> bool:
+        """Restart a dead process once its backoff has passed. Returns True when restarted."""
+        code = self.exited()
+        if code is None:
+            if time.monotonic() - self.started_at > 30:
+                self._backoff = 0.5  # ran long enough: forget past crashes
+            return False
+        now = time.monotonic()
+        if self._next_start == 0.0:
+            log.error("llama-server on %s exited with %s; restarting", self.spec.url, code)
+            self._next_start = now + self._backoff
+            self._backoff = min(self._backoff * 2, 30.0)
+        if now < self._next_start:
+            return False
+        self._next_start = 0.0
+        self.restarts += 1
+        self.start()
+        return True
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=timeout)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            with_kill = self.proc.poll() is None
+            if with_kill:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=timeout)
+
+
+async def wait_until(predicate, timeout: float, interval: float = 0.2) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await predicate():
+            return True
+        await asyncio.sleep(interval)
+    return False

@@ -1,0 +1,224 @@
+"""API behaviour against a protocol-speaking fake backend (httpx.MockTransport).
+
+These check HTTP semantics only — validation, error shapes, auth, backpressure, fan-out. The
+numbers are checked against the reference through the real llama-server in tests/integration.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from preprocess_service.api.app import AppState, create_app
+from preprocess_service.backend import Backend, BackendPool
+from preprocess_service.backend_wire import CHUNK_IMAGE, CHUNK_TEXT, Chunk, encode_rows
+from preprocess_service.embedder import EmbeddingService, Limits
+from preprocess_service.model import load_served_model
+
+MARKER = "<__fake_marker__>"
+
+
+class FakeLlamaServer:
+    """Answers like the patched llama-server: one row per token, rows seeded by the prompt."""
+
+    def __init__(self, model, n_ctx: int = 512) -> None:
+        self.model = model
+        self.n_ctx = n_ctx
+        self.calls = 0
+        self.down = False
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            raise httpx.ConnectError("refused", request=request)
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "ok"})
+        if request.url.path == "/props":
+            return httpx.Response(
+                200,
+                json={
+                    "media_marker": MARKER,
+                    "default_generation_settings": {"n_ctx": self.n_ctx},
+                    "vlembed": {"precomputed_patches": True},
+                },
+            )
+        self.calls += 1
+        body = json.loads(request.content)
+        content = body["content"]
+        pieces = content["prompt_string"].split(MARKER)
+        images = content.get("multimodal_patches", [])
+        assert len(pieces) == len(images) + 1
+        chunks, n = [], 0
+        for i, piece in enumerate(pieces):
+            text = piece
+            if i > 0:
+                text = "<|vision_end|>" + text
+            if i < len(images):
+                text = text + "<|vision_start|>"
+            k = self.model.count_tokens(text)
+            chunks.append(Chunk(CHUNK_TEXT, n, k, -1))
+            n += k
+            if i < len(images):
+                t, h, w = images[i]["grid_thw"]
+                k = t * h * w // 4
+                chunks.append(Chunk(CHUNK_IMAGE, n, k, i))
+                n += k
+        chunks = [c for c in chunks if c.n_rows]
+        seed = abs(hash(content["prompt_string"])) % (2**32)
+        rows = np.random.default_rng(seed).standard_normal((n, 128)).astype(np.float32)
+        return httpx.Response(200, content=encode_rows(rows, chunks))
+
+
+def _png(w: int = 64, h: int = 48) -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (200, 10, 10)).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture
+def fake(tiny_converted: Path):
+    model = load_served_model(tiny_converted)
+    server = FakeLlamaServer(model)
+    transport = httpx.MockTransport(server.handler)
+    pools = {
+        t: BackendPool(t, [Backend(f"http://fake-{t}", t, httpx.AsyncClient(transport=transport))])
+        for t in model.tasks
+    }
+    service = EmbeddingService(model=model, pools=pools, limits=Limits(max_queue=8))
+    state = AppState(service=service, api_key=None, monitor_interval=0.05)
+    return state, server
+
+
+def _post(client: TestClient, **body):
+    return client.post("/v1/embeddings", json=body)
+
+
+def test_text_image_and_content(fake) -> None:
+    state, server = fake
+    with TestClient(create_app(state)) as client:
+        r = _post(
+            client,
+            input=[
+                "hello",
+                {"image": _png()},
+                [
+                    {"type": "text", "text": "see"},
+                    {"type": "image_url", "image_url": {"url": _png(30, 90)}},
+                ],
+            ],
+        )
+        assert r.status_code == 200, r.text
+        data = r.json()
+        assert [d["index"] for d in data["data"]] == [0, 1, 2]
+        for d in data["data"]:
+            assert abs(np.linalg.norm(d["embedding"]) - 1) < 1e-5 and len(d["embedding"]) == 128
+        assert data["usage"]["prompt_tokens"] > 2 * 4  # image tokens are counted
+        assert server.calls == 3
+
+
+def test_dimensions_multivector_and_binary(fake) -> None:
+    state, _ = fake
+    with TestClient(create_app(state)) as client:
+        r = _post(client, input="hello", dimensions=64)
+        assert len(r.json()["data"][0]["embedding"]) == 64
+        r = _post(client, input="hello", dimensions=100)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
+        r = _post(client, input="hello world", return_multivector=True)
+        rows = r.json()["data"][0]["embedding"]
+        n = state.service.model.count_tokens("Query: hello world")
+        assert n == 4 and len(rows) == n and len(rows[0]) == 32
+        f = np.array(_post(client, input="abc").json()["data"][0]["embedding"])
+        ub = _post(client, input="abc", embedding_type="ubinary").json()["data"][0]["embedding"]
+        assert ub == np.packbits(f > 0).tolist()
+        b64 = _post(client, input="abc", encoding_format="base64").json()["data"][0]["embedding"]
+        assert np.array_equal(np.frombuffer(base64.b64decode(b64), "<f4"), f.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"input": ""}, 400, "input"),
+        ({"input": []}, 400, "input"),
+        ({"input": 5}, 400, None),
+        ({"input": "x", "task": "summarise"}, 400, "task"),
+        ({"input": [{"image": "not base64!"}]}, 400, "input[0]"),
+        ({"input": [{"image": base64.b64encode(b"garbage").decode()}]}, 400, "input[0]"),
+        ({"input": [{"image": "http://127.0.0.1:1/x.png"}]}, 400, "input[0]"),
+        ({"input": [{"image": "file:///etc/passwd"}]}, 400, "input[0]"),
+        ({"input": "x" * 300_000}, 413, "input"),
+        ({"input": "word " * 2000}, 413, "input"),
+        ({"input": [{"text": "a", "extra": 1}]}, 400, None),
+        ({"input": "x", "encoding_format": "base64", "embedding_type": "binary"}, 400, None),
+    ],
+)
+def test_bad_input_is_a_clean_4xx(fake, body, status: int, param) -> None:
+    state, _ = fake
+    with TestClient(create_app(state)) as client:
+        r = client.post("/v1/embeddings", json=body)
+        assert r.status_code == status, r.text
+        err = r.json()["error"]
+        assert err["message"] and err["type"] == "invalid_request_error"
+        if param:
+            assert err["param"] == param
+
+
+def test_truncate(fake) -> None:
+    state, _ = fake
+    with TestClient(create_app(state)) as client:
+        r = _post(client, input="word " * 2000, truncate=True)
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] <= 511
+
+
+def test_api_key(fake) -> None:
+    state, _ = fake
+    state.api_key = "s3cret"
+    with TestClient(create_app(state)) as client:
+        assert _post(client, input="x").status_code == 401
+        ok = client.post(
+            "/v1/embeddings", json={"input": "x"}, headers={"Authorization": "Bearer s3cret"}
+        )
+        assert ok.status_code == 200
+        assert client.get("/health").status_code == 200
+
+
+def test_overload_is_429_with_retry_after(fake) -> None:
+    state, _ = fake
+    with TestClient(create_app(state)) as client:
+        r = _post(client, input=["x"] * 9)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+
+
+def test_dead_backend_is_503_not_a_hang(fake) -> None:
+    state, server = fake
+    state.service.limits.retry_wait = 0.3
+    with TestClient(create_app(state)) as client:
+        server.down = True
+        r = _post(client, input="x")
+        assert r.status_code == 503 and "retry-after" in r.headers
+        assert client.get("/health").status_code == 503
+        server.down = False
+        import time
+
+        for _ in range(50):
+            if client.get("/health").status_code == 200:
+                break
+            time.sleep(0.05)
+        assert _post(client, input="x").status_code == 200
+
+
+def test_models_metrics_openapi(fake) -> None:
+    state, _ = fake
+    with TestClient(create_app(state)) as client:
+        models = client.get("/v1/models").json()
+        assert models["data"][0]["multi_vector_dim"] == 32
+        _post(client, input="x")
+        text = client.get("/metrics").text
+        assert "vlembed_requests_total" in text and "vlembed_queue_depth" in text
+        assert "/v1/embeddings" in client.get("/openapi.json").json()["paths"]
