@@ -158,7 +158,12 @@ def build_state(args: argparse.Namespace):
     from preprocess_service.backend import Backend, BackendPool
     from preprocess_service.embedder import EmbeddingService, Limits
     from preprocess_service.model import load_served_model
-    from preprocess_service.supervisor import ManagedServer, ServerSpec, free_port
+    from preprocess_service.supervisor import (
+        ManagedServer,
+        ServerSpec,
+        free_port,
+        llama_server_binary,
+    )
 
     model_dir = resolve_model_dir(Path(args.model)) if args.model else default_model_dir()
     model = load_served_model(model_dir)
@@ -179,9 +184,9 @@ def build_state(args: argparse.Namespace):
         if empty:
             raise SystemExit(f"vlembed serve: no --backend for task(s) {empty}")
     else:
-        from llama_patches.build import cache_root, server_binary
+        from llama_patches.build import cache_root
 
-        binary = server_binary()
+        binary = llama_server_binary()
         for task in tasks:
             files = m.tasks[task].text
             variant = args.variant or next(iter(files))

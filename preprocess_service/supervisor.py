@@ -20,6 +20,17 @@ from pathlib import Path
 log = logging.getLogger("vlembed.supervisor")
 
 
+def llama_server_binary() -> Path:
+    """``$VLEMBED_LLAMA_SERVER`` when set (a prebuilt binary, e.g. in a container), else the
+    cached build of the pinned llama.cpp with our patches (built on first use)."""
+    override = os.environ.get("VLEMBED_LLAMA_SERVER")
+    if override:
+        return Path(override)
+    from llama_patches.build import server_binary
+
+    return server_binary()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))

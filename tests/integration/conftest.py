@@ -1,0 +1,87 @@
+"""Integration fixtures: the real patched llama-server (built by our script) on real GGUFs.
+
+The first session builds llama.cpp (~6 min on 2 cores, then cached by pin + patch hash).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from preprocess_service.backend import Backend
+from preprocess_service.supervisor import ManagedServer, ServerSpec, free_port
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def server_binary() -> Path:
+    from preprocess_service.supervisor import llama_server_binary
+
+    return llama_server_binary()
+
+
+def start_server(
+    binary: Path, model: Path, mmproj: Path, log_dir: Path, parallel: int = 4, ctx: int = 2048
+) -> ManagedServer:
+    spec = ServerSpec(
+        binary=binary,
+        model=model,
+        mmproj=mmproj,
+        port=free_port(),
+        parallel=parallel,
+        threads=2,
+        ctx_per_slot=ctx,
+    )
+    server = ManagedServer(spec, log_dir / f"llama-server-{spec.port}.log")
+    server.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if server.exited() is not None:
+            raise RuntimeError(f"llama-server exited:\n{server.log_path.read_text()[-3000:]}")
+        try:
+            if httpx.get(spec.url + "/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    server.stop()
+    raise RuntimeError(
+        f"llama-server did not become healthy:\n{server.log_path.read_text()[-3000:]}"
+    )
+
+
+@pytest.fixture(scope="session")
+def retrieval_server(
+    server_binary: Path, tiny_converted: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ManagedServer]:
+    server = start_server(
+        server_binary,
+        tiny_converted / "text-retrieval-f32.gguf",
+        tiny_converted / "mmproj-f32.gguf",
+        tmp_path_factory.mktemp("logs"),
+    )
+    yield server
+    server.stop()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def backend_rows(url: str, prompt: str, images=(), timeout: float = 120.0):
+    async with httpx.AsyncClient() as client:
+        backend = Backend(url, "retrieval", client)
+        assert await backend.refresh(), "backend not ready"
+        return await backend.embed(prompt.replace("<IMG>", backend.marker), list(images), timeout)
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))

@@ -1,0 +1,339 @@
+"""The whole stack over HTTP: vlembed serve (real llama-servers, one per task) vs the reference.
+
+Bounds from the service issue: single vector cos ≥ 0.99999 and every multi-vector row ≥ 0.99999
+at F32, for text query/passage, image, interleaved, two images, each task, each Matryoshka dim.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+from PIL import Image
+
+from preprocess_service.serve import build_parser, build_state
+from preprocess_service.supervisor import free_port
+
+pytestmark = pytest.mark.integration
+BOUND = 0.99999
+
+
+def _img(w: int, h: int, seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (max(h // 8, 1), max(w // 8, 1), 3), dtype=np.uint8)
+    return Image.fromarray(base).resize((w, h), Image.BILINEAR)
+
+
+def _uri(img: Image.Image) -> str:
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+class LiveService:
+    def __init__(self, model_dir: Path, extra: list[str]) -> None:
+        port = free_port()
+        args = build_parser().parse_args(
+            [
+                "--model",
+                str(model_dir),
+                "--port",
+                str(port),
+                "--parallel",
+                "4",
+                "--threads",
+                "1",
+                "--ctx-size",
+                "2048",
+                *extra,
+            ]
+        )
+        from preprocess_service.api.app import create_app
+
+        self.state = build_state(args)
+        self.state.service.limits.retry_wait = 20.0
+        self.url = f"http://127.0.0.1:{port}"
+        config = uvicorn.Config(
+            create_app(self.state),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            limit_concurrency=512,
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError("service did not become healthy")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def live(server_binary, tiny_converted: Path) -> Iterator[LiveService]:
+    svc = LiveService(tiny_converted, [])
+    yield svc
+    svc.stop()
+
+
+def embed(url: str, **body) -> dict:
+    r = httpx.post(url + "/v1/embeddings", json=body, timeout=120)
+    assert r.status_code == 200, r.text[:500]
+    return r.json()
+
+
+TEXT = "Where is the invoice total on page three?"
+IMG_A, IMG_B = _img(100, 150, 1), _img(200, 84, 2)
+
+
+def _reference_cases(ref, task: str, role: str):
+    ref.set_task(task)
+    return {
+        "text": ({"text": TEXT}, ref.encode_text(TEXT, role)),
+        "image": ({"image": _uri(IMG_A)}, ref.encode_image(IMG_A)),
+        "interleaved": (
+            [
+                {"type": "text", "text": "Chart: "},
+                {"type": "image_url", "image_url": {"url": _uri(IMG_A)}},
+                {"type": "text", "text": " (source: annual report)"},
+            ],
+            ref.encode_content(["Chart: ", IMG_A, " (source: annual report)"]),
+        ),
+        "two images": (
+            [
+                {"type": "image_url", "image_url": {"url": _uri(IMG_A)}},
+                {"type": "image_url", "image_url": {"url": _uri(IMG_B)}},
+            ],
+            ref.encode_content([IMG_A, IMG_B]),
+        ),
+    }
+
+
+TASKS = ["retrieval.query", "retrieval.passage", "text-matching", "code.query", "code.passage"]
+
+
+@pytest.mark.parametrize("task_name", TASKS)
+def test_single_and_multi_vector_parity(live, tiny_reference, task_name: str) -> None:
+    from preprocess_service.prompts import TASKS as TASK_TABLE
+
+    task, role = TASK_TABLE[task_name]
+    cases = _reference_cases(tiny_reference, task, role)
+    items = [c[0] for c in cases.values()]
+    single = embed(live.url, input=items, task=task_name)["data"]
+    multi = embed(live.url, input=items, task=task_name, return_multivector=True)["data"]
+    for (name, (_, ref)), s, m in zip(cases.items(), single, multi, strict=True):
+        got = np.array(s["embedding"], dtype=np.float32)
+        assert float(got @ ref.single) >= BOUND, (task_name, name)
+        rows = np.array(m["embedding"], dtype=np.float32)
+        assert rows.shape == ref.multi.shape, (task_name, name)
+        assert float((rows * ref.multi).sum(1).min()) >= BOUND, (task_name, name)
+    dims = live.state.service.model.manifest.matryoshka_dims
+    for dim in dims:
+        data = embed(live.url, input=items, task=task_name, dimensions=dim)["data"]
+        for (name, (_, ref)), d in zip(cases.items(), data, strict=True):
+            got = np.array(d["embedding"], dtype=np.float32)
+            assert got.shape == (dim,) and float(got @ ref.truncated(dim)) >= BOUND, (name, dim)
+
+
+def test_tasks_differ(live) -> None:
+    vecs = [
+        np.array(embed(live.url, input=TEXT, task=t)["data"][0]["embedding"])
+        for t in ("retrieval.query", "text-matching", "code.query")
+    ]
+    assert float(vecs[0] @ vecs[1]) < 0.99 and float(vecs[0] @ vecs[2]) < 0.99
+
+
+def test_binary_equals_packed_signs(live) -> None:
+    items = [TEXT, {"image": _uri(IMG_B)}]
+    floats = embed(live.url, input=items)["data"]
+    for kind in ("binary", "ubinary"):
+        packed = embed(live.url, input=items, embedding_type=kind)["data"]
+        for f, p in zip(floats, packed, strict=True):
+            bits = np.packbits(np.array(f["embedding"]) > 0)
+            want = bits if kind == "ubinary" else bits.astype(np.int16) - 128
+            assert p["embedding"] == want.tolist()
+
+
+def test_openai_sdk(live) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused")
+    default = client.embeddings.create(model="vlembed", input=[TEXT, "second"])  # base64
+    floats = client.embeddings.create(model="vlembed", input=TEXT, encoding_format="float")
+    assert len(default.data) == 2 and len(default.data[0].embedding) == 128
+    np.testing.assert_allclose(default.data[0].embedding, floats.data[0].embedding, atol=1e-7)
+    assert default.usage.prompt_tokens > 0
+
+
+def _mixed_requests(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    imgs = [_uri(_img(rng.randrange(30, 200), rng.randrange(30, 200), i)) for i in range(6)]
+    out = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            out.append({"input": f"query {i} " + "word " * rng.randrange(1, 30)})
+        elif kind == 1:
+            out.append({"input": [{"image": rng.choice(imgs)}], "task": "retrieval.passage"})
+        elif kind == 2:
+            out.append(
+                {
+                    "input": [
+                        [
+                            {"type": "text", "text": f"doc {i}"},
+                            {"type": "image_url", "image_url": {"url": rng.choice(imgs)}},
+                        ]
+                    ],
+                    "task": "code.passage",
+                    "return_multivector": True,
+                }
+            )
+        else:
+            out.append({"input": ["a", f"b {i}"], "task": "text-matching", "dimensions": 64})
+    return out
+
+
+def test_concurrent_load_equals_sequential(live) -> None:
+    """A CI-sized load (the full 32 × 200 run is in bench/load.py): 0 errors, bitwise equal."""
+    reqs = _mixed_requests(48, seed=3)
+    sequential = [embed(live.url, **r)["data"] for r in reqs]
+    with ThreadPoolExecutor(16) as pool:
+        concurrent = list(pool.map(lambda r: embed(live.url, **r)["data"], reqs))
+    assert concurrent == sequential
+
+
+def test_backend_killed_under_load_is_restarted(live) -> None:
+    reqs = _mixed_requests(40, seed=4)
+    statuses: list[int] = []
+
+    def send(r: dict) -> int:
+        try:
+            return httpx.post(live.url + "/v1/embeddings", json=r, timeout=90).status_code
+        except httpx.HTTPError:
+            return -1
+
+    server = next(s for s, task in live.state.managed if task == "retrieval")
+    restarts = server.restarts
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(send, r) for r in reqs]
+        time.sleep(0.5)
+        os.kill(server.proc.pid, signal.SIGKILL)
+        statuses = [f.result(timeout=120) for f in futures]
+    assert set(statuses) <= {200, 503}, statuses  # clean 503 or success, never a hang or 500
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and httpx.get(live.url + "/health").status_code != 200:
+        time.sleep(0.3)
+    assert server.restarts == restarts + 1
+    assert embed(live.url, input=TEXT)["data"]
+
+
+def _bad_requests(n: int, seed: int) -> list[object]:
+    rng = random.Random(seed)
+    png = _uri(_img(40, 40, 0))
+    raw = base64.b64decode(png.split(",", 1)[1])
+    bomb = io.BytesIO()
+    Image.new("1", (20000, 20000)).save(bomb, "PNG")
+    junk_images = [
+        "data:image/png;base64," + base64.b64encode(raw[: len(raw) // 2]).decode(),
+        "data:image/png;base64," + base64.b64encode(bomb.getvalue()).decode(),
+        "data:image/png;base64,!!!!",
+        base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 50).decode(),
+        "",
+        "http://localhost:1/x.png",
+        "file:///etc/shadow",
+        "data:image/png;base64," + base64.b64encode(_png_of(1, 300)).decode(),
+    ]
+    values = [
+        None,
+        0,
+        -1,
+        1.5,
+        True,
+        "",
+        "x" * 1000,
+        [],
+        {},
+        [None],
+        {"a": 1},
+        "🦙" * 10,
+        2**40,
+        [1, 2, 3],
+    ]
+    out: list[object] = []
+    for i in range(n):
+        k = i % 10
+        if k == 0:
+            out.append({"input": rng.choice(values)})
+        elif k == 1:
+            out.append({"input": [{"image": rng.choice(junk_images)}]})
+        elif k == 2:
+            out.append({"input": "ok", "task": rng.choice(values + ["retrieval", "qa"])})
+        elif k == 3:
+            out.append({"input": "ok", "dimensions": rng.choice([0, 3, 100, 4096, -5, "64"])})
+        elif k == 4:
+            out.append(
+                {"input": "ok", "embedding_type": rng.choice(["int4", "", 7, None, "BINARY"])}
+            )
+        elif k == 5:
+            out.append({"input": "word " * rng.choice([3000, 50_000]) + "end"})
+        elif k == 6:
+            out.append(
+                {
+                    "input": [
+                        [
+                            {
+                                "type": rng.choice(["text", "image_url", "video"]),
+                                "text": rng.choice(values),
+                            }
+                        ]
+                    ]
+                }
+            )
+        elif k == 7:
+            out.append(rng.choice(values))
+        elif k == 8:
+            out.append({"input": [{"text": ""}] * rng.randrange(1, 4)})
+        else:
+            out.append({"input": ["x"] * rng.choice([3000, 5000])})
+    return out
+
+
+def _png_of(w: int, h: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_bad_requests_never_5xx(live) -> None:
+    bad = _bad_requests(1000, seed=5)
+    with httpx.Client(timeout=60) as client, ThreadPoolExecutor(8) as pool:
+        statuses = list(
+            pool.map(
+                lambda body: client.post(live.url + "/v1/embeddings", json=body).status_code, bad
+            )
+        )
+        statuses.append(client.post(live.url + "/v1/embeddings", content=b"{not json").status_code)
+    over = [s for s in statuses if s >= 500]
+    assert not over, sorted(set(statuses))
+    assert all(s.exited() is None for s, _ in live.state.managed)
+    assert embed(live.url, input=TEXT)["data"]
