@@ -105,7 +105,9 @@ def _load_safetensors(files: tuple[Path, ...] | list[Path]) -> dict[str, torch.T
 class ReferenceEmbedder:
     """HF transformers Qwen2.5-VL with jina-v4 pooling, float32 on CPU, deterministic."""
 
-    def __init__(self, model_dir: Path | str, task: str = "retrieval") -> None:
+    def __init__(
+        self, model_dir: Path | str, task: str = "retrieval", dtype: torch.dtype = torch.float32
+    ) -> None:
         from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
 
         torch.manual_seed(0)
@@ -114,6 +116,7 @@ class ReferenceEmbedder:
         files = find_checkpoint_files(self.model_dir)
         raw_config = json.loads((self.model_dir / "config.json").read_text())
         self.config = Qwen2_5_VLConfig(**{k: v for k, v in raw_config.items() if k != "auto_map"})
+        self.dtype = dtype
         self.model = Qwen2_5_VLModel(self.config).eval().to(torch.float32)
 
         state = _load_safetensors(files.weight_files)
@@ -146,6 +149,11 @@ class ReferenceEmbedder:
         self.task: str | None = None
         if self.tasks:
             self.set_task(task)
+        if dtype != torch.float32:  # benchmarks only: parity is always measured in float32
+            self.model.to(dtype)
+            for m in self.lora_modules.values():
+                m.a = {k: v.to(dtype) for k, v in m.a.items()}
+                m.b = {k: v.to(dtype) for k, v in m.b.items()}
 
         from tokenizers import Tokenizer
 
@@ -274,7 +282,7 @@ class ReferenceEmbedder:
             "mm_token_type_ids": is_image.to(torch.int32),
         }
         if pixels:
-            kwargs["pixel_values"] = torch.cat(pixels, dim=0)
+            kwargs["pixel_values"] = torch.cat(pixels, dim=0).to(self.dtype)
             kwargs["image_grid_thw"] = torch.tensor(grids, dtype=torch.long)
         rows = self.model(**kwargs).last_hidden_state[0].float()
         pooled = rows[pool[0] : pool[1]].mean(dim=0)

@@ -68,6 +68,8 @@ class EmbedResult:
     vector: np.ndarray  # [dim] or [n_tokens, projector_dim]
     n_tokens: int
     n_images: int
+    preprocess_s: float = 0.0  # decode + patchify + prompt + token count
+    backend_s: float = 0.0  # llama-server round trip, rows decoded
 
 
 @dataclass
@@ -167,10 +169,11 @@ class EmbeddingService:
         except InvalidInputError as exc:
             exc.param = exc.param or f"input[{index}]"  # point the client at the bad item
             raise
-        self.metrics.stage.labels("preprocess").observe(time.perf_counter() - t0)
         t1 = time.perf_counter()
         rows = await self._rows(task, prepared)
-        self.metrics.stage.labels("backend").observe(time.perf_counter() - t1)
+        t2 = time.perf_counter()
+        self.metrics.stage.labels("preprocess").observe(t1 - t0)
+        self.metrics.stage.labels("backend").observe(t2 - t1)
         if rows.rows.shape[0] != prepared.n_tokens:
             # the backend tokenized differently than we counted: a bug, never silently pooled
             raise RuntimeError(
@@ -182,7 +185,10 @@ class EmbeddingService:
             vector = single_vector(rows, prepared.prompt.pool, opts.dimensions, opts.normalized)
         self.metrics.tokens.inc(prepared.n_tokens)
         self.metrics.images.inc(len(prepared.images))
-        return EmbedResult(vector=vector, n_tokens=prepared.n_tokens, n_images=len(prepared.images))
+        return EmbedResult(
+            vector=vector, n_tokens=prepared.n_tokens, n_images=len(prepared.images),
+            preprocess_s=t1 - t0, backend_s=t2 - t1,
+        )
 
     def _prepare(self, job: EmbedJob, task: str, role: str, opts: EmbedOptions) -> _Prepared:
         """Decode/patchify images, build the prompt and count its tokens (CPU work, threaded)."""

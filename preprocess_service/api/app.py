@@ -164,7 +164,13 @@ def create_app(state: AppState) -> FastAPI:
             }
             status = "ok"
             elapsed = time.perf_counter() - start
-            return JSONResponse(body, headers={"x-total-time": f"{elapsed * 1000:.1f}ms"})
+            # per-stage timings (summed over the request's items, which run concurrently)
+            headers = {
+                "x-total-time": f"{elapsed * 1000:.2f}ms",
+                "x-preprocess-time": f"{sum(r.preprocess_s for r in results) * 1000:.2f}ms",
+                "x-backend-time": f"{sum(r.backend_s for r in results) * 1000:.2f}ms",
+            }
+            return JSONResponse(body, headers=headers)
         finally:
             svc.metrics.requests.labels(status).inc()
             svc.metrics.latency.observe(time.perf_counter() - start)

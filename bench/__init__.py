@@ -1,0 +1,1 @@
+"""Benchmarks of vlembed against the PyTorch reference (``vlembed bench``)."""

@@ -1,0 +1,103 @@
+"""docs/BENCHMARKS.md (tables + chart) from the JSON ``vlembed bench`` writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _fmt(s: dict, scale: float = 1.0, digits: int = 2) -> str:
+    return (f"{s['median'] * scale:.{digits}f} "
+            f"({s['min'] * scale:.{digits}f}–{s['max'] * scale:.{digits}f})")
+
+
+def _chart(results: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ref = results.get("reference", {}).get("hf-f32")
+    rows = []
+    for name, r in results.get("reference", {}).items():
+        rows.append((name, 1 / r["image_s"]["median"], r["text_tokens"] / r["text_s"]["median"]))
+    n_text = ref["text_tokens"] if ref else 443
+    for name, r in results.get("vlembed", {}).items():
+        rows.append((name, 1 / r["image_s"]["median"], n_text / r["text_s"]["median"]))
+    if not rows:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    names = [r[0] for r in rows]
+    colors = ["#888888" if n.startswith("hf") else "#1f77b4" for n in names]
+    for ax, idx, title in ((axes[0], 1, "images / s"), (axes[1], 2, "text tokens / s")):
+        ax.barh(names, [r[idx] for r in rows], color=colors)
+        ax.set_title(title)
+        ax.invert_yaxis()
+        if ref:
+            base = rows[0][idx]
+            ax.axvline(base, color="black", lw=0.8, ls="--")
+    fig.suptitle(f"{results['preset']} preset, {results['machine']['threads']} threads — "
+                 "grey: PyTorch reference, blue: vlembed end to end")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(results: dict, out: Path) -> None:
+    m = results["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Regenerate with `vlembed bench` (writes docs/benchmarks.json and this file). All numbers",
+        "come from one run on one machine; medians with (min–max) over the repeats.",
+        "",
+        f"- machine: {m['processor']}, {m['cpu_count']} cores, {m['threads']} threads used",
+        f"- model: `{results['preset']}` synthetic preset (random weights), "
+        f"image {results['image']}, date {results['date']}",
+        "",
+    ]
+    ref = results.get("reference", {})
+    base_img = ref.get("hf-f32", {}).get("image_s", {}).get("median")
+    base_txt = ref.get("hf-f32", {}).get("text_s", {}).get("median")
+    n_text = ref.get("hf-f32", {}).get("text_tokens")
+    lines += ["## End to end: images and text", "",
+              "| engine | image s/img | images/s | × HF f32 | text s/request | text tok/s | "
+              "× HF f32 | service overhead (image / text) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, r in list(ref.items()) + list(results.get("vlembed", {}).items()):
+        img_s, txt_s = r["image_s"]["median"], r["text_s"]["median"]
+        ntok = r.get("text_tokens", n_text) or 0
+        x_img = f"{base_img / img_s:.2f}" if base_img else "–"
+        x_txt = f"{base_txt / txt_s:.2f}" if base_txt else "–"
+        over = "–"
+        if "image_overhead" in r:
+            over = (f"{r['image_overhead']['median'] * 100:.1f} % / "
+                    f"{r['text_overhead']['median'] * 100:.1f} %")
+        lines.append(f"| {name} | {_fmt(r['image_s'])} | {1 / img_s:.2f} | {x_img} | "
+                     f"{_fmt(r['text_s'])} | {ntok / txt_s:.0f} | {x_txt} | {over} |")
+    if _chart(results, out.parent / "benchmarks.png"):
+        lines += ["", "![throughput](benchmarks.png)"]
+    if "raw_path" in results:
+        raw = results["raw_path"]
+        lines += ["", "## Upstream raw-image path vs precomputed patches (llama-server, F32)", "",
+                  "| path | s/img |", "|---|---|",
+                  f"| upstream raw image (llama.cpp resize + conv2d) | {_fmt(raw['raw_image_s'])} |",
+                  f"| precomputed HF patches (vlembed) | {_fmt(raw['precomputed_s'])} |"]
+    if "preprocess" in results:
+        lines += ["", "## Preprocessing alone vs `Qwen2VLImageProcessorPil`", "",
+                  "| image | vlembed ms | HF ms | speed-up |", "|---|---|---|---|"]
+        for name, r in results["preprocess"].items():
+            lines.append(f"| {name} | {_fmt(r['vlembed_s'], 1000, 1)} | "
+                         f"{_fmt(r['hf_s'], 1000, 1)} | {r['speedup']:.2f}× |")
+    if "concurrency" in results:
+        c = results["concurrency"]
+        lines += ["", f"## Scaling with requests in flight ({c['variant']}, image requests)", "",
+                  "| in flight | images/s |", "|---|---|"]
+        for level, r in c["levels"].items():
+            lines.append(f"| {level} | {r['images_per_s']:.2f} |")
+    notes = out.parent / "BENCHMARKS.notes.md"
+    if notes.is_file():
+        lines += ["", notes.read_text().strip()]
+    out.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,341 @@
+"""``vlembed bench``: throughput against the PyTorch reference, side by side, in one run.
+
+Everything is measured on this machine in the same run, so the ratios are what matter: the HF
+reference (f32, bf16), the upstream raw-image path, and vlembed end to end through its HTTP
+service at each GGUF variant; preprocessing alone against HF's PIL processor; the service's own
+overhead (time in the service minus time waiting on llama-server); and scaling with requests in
+flight. Each number is the median of ``--repeats`` runs after a warm-up, with min/max spread.
+Results go to a JSON file and docs/BENCHMARKS.md (tables + a PNG chart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+from PIL import Image, ImageDraw
+
+REPO = Path(__file__).resolve().parent.parent
+VARIANTS = ("f32", "f16", "bf16", "Q8_0", "Q4_K_M", "IQ4_XS")
+
+
+def stats(samples: list[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+        "n": len(samples),
+    }
+
+
+def timed(fn: Callable[[], object], repeats: int, warmup: int = 1) -> dict[str, float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return stats(out)
+
+
+def page_image(w: int, h: int, seed: int = 0) -> Image.Image:
+    """A document-like page: text lines and a few boxes, deterministic."""
+    rng = np.random.default_rng(seed)
+    img = Image.new("RGB", (w, h), "white")
+    d = ImageDraw.Draw(img)
+    y = 10
+    while y < h - 20:
+        x = 10
+        while x < w - 40:
+            wlen = int(rng.integers(15, 60))
+            d.rectangle([x, y, x + wlen, y + 8], fill=(30, 30, 30))
+            x += wlen + 8
+        y += 18
+    for _ in range(3):
+        x0, y0 = int(rng.integers(0, w // 2)), int(rng.integers(0, h // 2))
+        d.rectangle([x0, y0, x0 + w // 4, y0 + h // 6], fill=tuple(int(c) for c in
+                                                                    rng.integers(0, 255, 3)))
+    return img
+
+
+def bench_text(n_tokens: int, tokenizer) -> str:
+    words = ("the invoice total for the third quarter rose sharply while operating costs fell "
+             "across every region reported in the annual filing").split()
+    text, i = [], 0
+    while len(tokenizer.encode("Passage: " + " ".join(text)).ids) < n_tokens:
+        text.append(words[i % len(words)])
+        i += 1
+    return " ".join(text)
+
+
+def data_uri(img: Image.Image) -> str:
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+# --- the pieces -------------------------------------------------------------------------------
+
+
+def prepare_models(preset: str, cache: Path, variants: list[str]) -> tuple[Path, dict[str, Path]]:
+    from eval.synthetic import make_checkpoint
+    from gguf_convert.convert import convert
+
+    hf = cache / f"{preset}-hf"
+    if not (hf / "config.json").is_file():
+        print(f"making the {preset} checkpoint", file=sys.stderr)
+        make_checkpoint(hf, preset, 0)
+    quants = [v for v in variants if v not in ("f32", "f16", "bf16")]
+    dirs: dict[str, Path] = {}
+    for dtype in ("f32", "f16", "bf16"):
+        wanted = [v for v in variants if v == dtype] + (quants if dtype == "f32" else [])
+        if not wanted:
+            continue
+        out = cache / f"{preset}-{dtype}"
+        convert(hf, out, tasks=["retrieval"], dtype=dtype,
+                quants=quants if dtype == "f32" else [], progress=lambda _: None)
+        for v in wanted:
+            dirs[v] = out
+    return hf, dirs
+
+
+def bench_reference(hf: Path, img: Image.Image, text: str, repeats: int, threads: int) -> dict:
+    import torch
+
+    from eval.reference import ReferenceEmbedder
+
+    torch.set_num_threads(threads)
+    out = {}
+    for name, dtype in (("hf-f32", torch.float32), ("hf-bf16", torch.bfloat16)):
+        ref = ReferenceEmbedder(hf, dtype=dtype)
+        n_text = len(ref.encode_text(text, "passage").token_ids)
+        out[name] = {
+            "image_s": timed(lambda ref=ref: ref.encode_image(img), repeats),
+            "text_s": timed(lambda ref=ref: ref.encode_text(text, "passage"), repeats),
+            "text_tokens": n_text,
+        }
+        del ref
+    return out
+
+
+def bench_preprocess(repeats: int) -> dict:
+    from transformers import Qwen2VLImageProcessorPil
+
+    from preprocess_service.image import patchify
+
+    hf = Qwen2VLImageProcessorPil(size={"shortest_edge": 3136, "longest_edge": 602112})
+    out = {}
+    for name, size in (("448x448", (448, 448)), ("page 1275x1650", (1275, 1650)),
+                       ("photo 4000x3000", (4000, 3000))):
+        img = page_image(*size, seed=1)
+        ours = timed(lambda img=img: patchify(img), repeats * 3)
+        theirs = timed(lambda img=img: hf(images=[img], return_tensors="np"), repeats * 3)
+        out[name] = {"vlembed_s": ours, "hf_s": theirs,
+                     "speedup": theirs["median"] / ours["median"]}
+    return out
+
+
+class ServeProcess:
+    """``vlembed serve`` in its own process, as users run it."""
+
+    def __init__(self, model_dir: Path, variant: str, threads: int, parallel: int) -> None:
+        from preprocess_service.supervisor import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "preprocess_service.cli", "serve", "--model", str(model_dir),
+               "--variant", variant, "--port", str(self.port), "--threads", str(threads),
+               "--parallel", str(parallel), "--tasks", "retrieval", "--ctx-size", "2048",
+               "--log-level", "warning"]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited: {self.proc.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("serve did not become healthy")
+
+    def post(self, client: httpx.Client, body: dict) -> tuple[float, float]:
+        """(total seconds seen by the client, seconds the service waited on llama-server)."""
+        t = time.perf_counter()
+        r = client.post(self.url + "/v1/embeddings", json=body, timeout=600)
+        total = time.perf_counter() - t
+        r.raise_for_status()
+        return total, float(r.headers["x-backend-time"].removesuffix("ms")) / 1000
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def bench_vlembed(dirs: dict[str, Path], img: Image.Image, text: str, repeats: int,
+                  threads: int) -> dict:
+    out = {}
+    uri = data_uri(img)
+    for variant, model_dir in dirs.items():
+        svc = ServeProcess(model_dir, variant, threads, parallel=1)
+        try:
+            with httpx.Client() as client:
+                img_body = {"input": [{"image": uri}], "task": "retrieval.passage"}
+                text_body = {"input": [text], "task": "retrieval.passage"}
+                res = {}
+                for name, body in (("image", img_body), ("text", text_body)):
+                    svc.post(client, body)  # warm-up
+                    totals, backends = [], []
+                    for _ in range(repeats):
+                        total, backend = svc.post(client, body)
+                        totals.append(total)
+                        backends.append(backend)
+                    res[f"{name}_s"] = stats(totals)
+                    res[f"{name}_overhead"] = stats(
+                        [(t - b) / b for t, b in zip(totals, backends, strict=True)])
+                out[f"vlembed-{variant}"] = res
+        finally:
+            svc.stop()
+    return out
+
+
+def bench_raw_path(dirs: dict[str, Path], img: Image.Image, repeats: int, threads: int) -> dict:
+    """The upstream raw-image path (llama.cpp's own resize + conv2d) vs precomputed patches,
+    straight against llama-server at F32 (no service in between)."""
+    from preprocess_service.backend_wire import encode_patches
+    from preprocess_service.image import patchify
+    from preprocess_service.supervisor import ManagedServer, ServerSpec, free_port, \
+        llama_server_binary
+
+    model_dir = dirs.get("f32") or next(iter(dirs.values()))
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    spec = ServerSpec(binary=llama_server_binary(),
+                      model=model_dir / manifest["tasks"]["retrieval"]["text"]["f32"],
+                      mmproj=model_dir / next(iter(manifest["mmproj"].values())),
+                      port=free_port(), parallel=1, threads=threads, ctx_per_slot=2048)
+    server = ManagedServer(spec, Path("/dev/null"))
+    server.start()
+    try:
+        with httpx.Client(timeout=600) as client:
+            for _ in range(600):
+                try:
+                    if client.get(spec.url + "/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+            marker = client.get(spec.url + "/props").json()["media_marker"]
+            prompt = f"<|im_start|>user\n{marker}Describe the image.<|im_end|>\n"
+            buf = io.BytesIO()
+            img.save(buf, "PNG")
+            raw = {"content": {"prompt_string": prompt,
+                               "multimodal_data": [base64.b64encode(buf.getvalue()).decode()]},
+                   "rows_format": "f32"}
+            pre = {"content": {"prompt_string": prompt,
+                               "multimodal_patches": [encode_patches(*patchify(img))]},
+                   "rows_format": "f32"}
+            return {
+                "raw_image_s": timed(lambda: client.post(spec.url + "/embeddings", json=raw)
+                                     .raise_for_status(), repeats),
+                "precomputed_s": timed(lambda: client.post(spec.url + "/embeddings", json=pre)
+                                       .raise_for_status(), repeats),
+            }
+    finally:
+        server.stop()
+
+
+def bench_concurrency(model_dir: Path, variant: str, img: Image.Image, threads: int,
+                      levels: tuple[int, ...] = (1, 2, 4, 8), per_level: int = 8) -> dict:
+    svc = ServeProcess(model_dir, variant, threads, parallel=max(levels))
+    uri = data_uri(img)
+    out = {}
+    try:
+        with httpx.Client(limits=httpx.Limits(max_connections=32)) as client:
+            body = {"input": [{"image": uri}], "task": "retrieval.passage"}
+            svc.post(client, body)
+            for level in levels:
+                t = time.perf_counter()
+                with ThreadPoolExecutor(level) as pool:
+                    list(pool.map(lambda _: svc.post(client, body), range(per_level)))
+                took = time.perf_counter() - t
+                out[str(level)] = {"images_per_s": per_level / took, "seconds": took}
+    finally:
+        svc.stop()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="vlembed bench", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="bench", choices=["tiny", "bench"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--image-size", type=int, default=448)
+    p.add_argument("--text-tokens", type=int, default=443)
+    p.add_argument("--skip", default="", help="comma list of: hf,preprocess,raw,concurrency")
+    p.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks.json")
+    p.add_argument("--markdown", type=Path, default=REPO / "docs" / "BENCHMARKS.md")
+    args = p.parse_args(argv)
+    from llama_patches.build import cache_root
+
+    skip = set(filter(None, args.skip.split(",")))
+    variants = [v for v in args.variants.split(",") if v]
+    hf, dirs = prepare_models(args.preset, cache_root() / "bench", variants)
+    from tokenizers import Tokenizer
+
+    text = bench_text(args.text_tokens, Tokenizer.from_file(str(hf / "tokenizer.json")))
+    img = page_image(args.image_size, args.image_size)
+    results: dict = {
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                    "processor": _cpu_name(), "threads": args.threads},
+        "preset": args.preset, "repeats": args.repeats,
+        "image": f"{args.image_size}x{args.image_size}",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    if "hf" not in skip:
+        results["reference"] = bench_reference(hf, img, text, args.repeats, args.threads)
+    if "preprocess" not in skip:
+        results["preprocess"] = bench_preprocess(args.repeats)
+    results["vlembed"] = bench_vlembed(dirs, img, text, args.repeats, args.threads)
+    if "raw" not in skip:
+        results["raw_path"] = bench_raw_path(dirs, img, args.repeats, args.threads)
+    if "concurrency" not in skip:
+        best = "Q8_0" if "Q8_0" in dirs else next(iter(dirs))
+        results["concurrency"] = {"variant": best, "levels": bench_concurrency(
+            dirs[best], best, img, args.threads)}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2))
+    from bench.report import write_report
+
+    write_report(results, args.markdown)
+    print(args.markdown)
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
