@@ -6,8 +6,10 @@ from pathlib import Path
 
 
 def _fmt(s: dict, scale: float = 1.0, digits: int = 2) -> str:
-    return (f"{s['median'] * scale:.{digits}f} "
-            f"({s['min'] * scale:.{digits}f}–{s['max'] * scale:.{digits}f})")
+    return (
+        f"{s['median'] * scale:.{digits}f} "
+        f"({s['min'] * scale:.{digits}f}–{s['max'] * scale:.{digits}f})"
+    )
 
 
 def _chart(results: dict, path: Path) -> bool:
@@ -37,8 +39,10 @@ def _chart(results: dict, path: Path) -> bool:
         if ref:
             base = rows[0][idx]
             ax.axvline(base, color="black", lw=0.8, ls="--")
-    fig.suptitle(f"{results['preset']} preset, {results['machine']['threads']} threads — "
-                 "grey: PyTorch reference, blue: vlembed end to end")
+    fig.suptitle(
+        f"{results['preset']} preset, {results['machine']['threads']} threads — "
+        "grey: PyTorch reference, blue: vlembed end to end"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -62,10 +66,13 @@ def write_report(results: dict, out: Path) -> None:
     base_img = ref.get("hf-f32", {}).get("image_s", {}).get("median")
     base_txt = ref.get("hf-f32", {}).get("text_s", {}).get("median")
     n_text = ref.get("hf-f32", {}).get("text_tokens")
-    lines += ["## End to end: images and text", "",
-              "| engine | image s/img | images/s | × HF f32 | text s/request | text tok/s | "
-              "× HF f32 | service overhead (image / text) |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "## End to end: images and text",
+        "",
+        "| engine | image s/img | images/s | × HF f32 | text s/request | text tok/s | "
+        "× HF f32 | service overhead (image / text) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in list(ref.items()) + list(results.get("vlembed", {}).items()):
         img_s, txt_s = r["image_s"]["median"], r["text_s"]["median"]
         ntok = r.get("text_tokens", n_text) or 0
@@ -73,30 +80,64 @@ def write_report(results: dict, out: Path) -> None:
         x_txt = f"{base_txt / txt_s:.2f}" if base_txt else "–"
         over = "–"
         if "image_overhead" in r:
-            over = (f"{r['image_overhead']['median'] * 100:.1f} % / "
-                    f"{r['text_overhead']['median'] * 100:.1f} %")
-        lines.append(f"| {name} | {_fmt(r['image_s'])} | {1 / img_s:.2f} | {x_img} | "
-                     f"{_fmt(r['text_s'])} | {ntok / txt_s:.0f} | {x_txt} | {over} |")
+            over = (
+                f"{r['image_overhead']['median'] * 100:.1f} % / "
+                f"{r['text_overhead']['median'] * 100:.1f} %"
+            )
+        lines.append(
+            f"| {name} | {_fmt(r['image_s'])} | {1 / img_s:.2f} | {x_img} | "
+            f"{_fmt(r['text_s'])} | {ntok / txt_s:.0f} | {x_txt} | {over} |"
+        )
     if _chart(results, out.parent / "benchmarks.png"):
         lines += ["", "![throughput](benchmarks.png)"]
     if "raw_path" in results:
         raw = results["raw_path"]
-        lines += ["", "## Upstream raw-image path vs precomputed patches (llama-server, F32)", "",
-                  "| path | s/img |", "|---|---|",
-                  f"| upstream raw image (llama.cpp resize + conv2d) | {_fmt(raw['raw_image_s'])} |",
-                  f"| precomputed HF patches (vlembed) | {_fmt(raw['precomputed_s'])} |"]
+        lines += [
+            "",
+            "## Upstream raw-image path vs precomputed patches (llama-server, F32)",
+            "",
+            "| path | s/img |",
+            "|---|---|",
+            f"| upstream raw image (llama.cpp resize + conv2d) | {_fmt(raw['raw_image_s'])} |",
+            f"| precomputed HF patches (vlembed) | {_fmt(raw['precomputed_s'])} |",
+        ]
     if "preprocess" in results:
-        lines += ["", "## Preprocessing alone vs `Qwen2VLImageProcessorPil`", "",
-                  "| image | vlembed ms | HF ms | speed-up |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "## Preprocessing alone vs `Qwen2VLImageProcessorPil`",
+            "",
+            "| image | vlembed ms | HF ms | speed-up |",
+            "|---|---|---|---|",
+        ]
         for name, r in results["preprocess"].items():
-            lines.append(f"| {name} | {_fmt(r['vlembed_s'], 1000, 1)} | "
-                         f"{_fmt(r['hf_s'], 1000, 1)} | {r['speedup']:.2f}× |")
+            lines.append(
+                f"| {name} | {_fmt(r['vlembed_s'], 1000, 1)} | "
+                f"{_fmt(r['hf_s'], 1000, 1)} | {r['speedup']:.2f}× |"
+            )
     if "concurrency" in results:
         c = results["concurrency"]
-        lines += ["", f"## Scaling with requests in flight ({c['variant']}, image requests)", "",
-                  "| in flight | images/s |", "|---|---|"]
+        lines += [
+            "",
+            f"## Scaling with requests in flight ({c['variant']}, image requests)",
+            "",
+            "| in flight | images/s |",
+            "|---|---|",
+        ]
         for level, r in c["levels"].items():
             lines.append(f"| {level} | {r['images_per_s']:.2f} |")
+    if "quality" in results:
+        lines += [
+            "",
+            "## Quantisation parity vs the f32 reference (bench preset, random weights)",
+            "",
+            "| variant | single-vector cos min (text / image) | mean | multi-vector row cos min |",
+            "|---|---|---|---|",
+        ]
+        for name, q in results["quality"].items():
+            lines.append(
+                f"| {name} | {q['text_single_min']:.5f} / {q['image_single_min']:.5f} | "
+                f"{q['single_mean']:.5f} | {q['multi_row_min']:.4f} |"
+            )
     notes = out.parent / "BENCHMARKS.notes.md"
     if notes.is_file():
         lines += ["", notes.read_text().strip()]

@@ -67,14 +67,17 @@ def page_image(w: int, h: int, seed: int = 0) -> Image.Image:
         y += 18
     for _ in range(3):
         x0, y0 = int(rng.integers(0, w // 2)), int(rng.integers(0, h // 2))
-        d.rectangle([x0, y0, x0 + w // 4, y0 + h // 6], fill=tuple(int(c) for c in
-                                                                    rng.integers(0, 255, 3)))
+        d.rectangle(
+            [x0, y0, x0 + w // 4, y0 + h // 6], fill=tuple(int(c) for c in rng.integers(0, 255, 3))
+        )
     return img
 
 
 def bench_text(n_tokens: int, tokenizer) -> str:
-    words = ("the invoice total for the third quarter rose sharply while operating costs fell "
-             "across every region reported in the annual filing").split()
+    words = (
+        "the invoice total for the third quarter rose sharply while operating costs fell "
+        "across every region reported in the annual filing"
+    ).split()
     text, i = [], 0
     while len(tokenizer.encode("Passage: " + " ".join(text)).ids) < n_tokens:
         text.append(words[i % len(words)])
@@ -106,8 +109,14 @@ def prepare_models(preset: str, cache: Path, variants: list[str]) -> tuple[Path,
         if not wanted:
             continue
         out = cache / f"{preset}-{dtype}"
-        convert(hf, out, tasks=["retrieval"], dtype=dtype,
-                quants=quants if dtype == "f32" else [], progress=lambda _: None)
+        convert(
+            hf,
+            out,
+            tasks=["retrieval"],
+            dtype=dtype,
+            quants=quants if dtype == "f32" else [],
+            progress=lambda _: None,
+        )
         for v in wanted:
             dirs[v] = out
     return hf, dirs
@@ -139,13 +148,19 @@ def bench_preprocess(repeats: int) -> dict:
 
     hf = Qwen2VLImageProcessorPil(size={"shortest_edge": 3136, "longest_edge": 602112})
     out = {}
-    for name, size in (("448x448", (448, 448)), ("page 1275x1650", (1275, 1650)),
-                       ("photo 4000x3000", (4000, 3000))):
+    for name, size in (
+        ("448x448", (448, 448)),
+        ("page 1275x1650", (1275, 1650)),
+        ("photo 4000x3000", (4000, 3000)),
+    ):
         img = page_image(*size, seed=1)
         ours = timed(lambda img=img: patchify(img), repeats * 3)
         theirs = timed(lambda img=img: hf(images=[img], return_tensors="np"), repeats * 3)
-        out[name] = {"vlembed_s": ours, "hf_s": theirs,
-                     "speedup": theirs["median"] / ours["median"]}
+        out[name] = {
+            "vlembed_s": ours,
+            "hf_s": theirs,
+            "speedup": theirs["median"] / ours["median"],
+        }
     return out
 
 
@@ -157,12 +172,31 @@ class ServeProcess:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "preprocess_service.cli", "serve", "--model", str(model_dir),
-               "--variant", variant, "--port", str(self.port), "--threads", str(threads),
-               "--parallel", str(parallel), "--tasks", "retrieval", "--ctx-size", "2048",
-               "--log-level", "warning"]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
+        cmd = [
+            sys.executable,
+            "-m",
+            "preprocess_service.cli",
+            "serve",
+            "--model",
+            str(model_dir),
+            "--variant",
+            variant,
+            "--port",
+            str(self.port),
+            "--threads",
+            str(threads),
+            "--parallel",
+            str(parallel),
+            "--tasks",
+            "retrieval",
+            "--ctx-size",
+            "2048",
+            "--log-level",
+            "warning",
+        ]
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -191,8 +225,9 @@ class ServeProcess:
             self.proc.kill()
 
 
-def bench_vlembed(dirs: dict[str, Path], img: Image.Image, text: str, repeats: int,
-                  threads: int) -> dict:
+def bench_vlembed(
+    dirs: dict[str, Path], img: Image.Image, text: str, repeats: int, threads: int
+) -> dict:
     out = {}
     uri = data_uri(img)
     for variant, model_dir in dirs.items():
@@ -211,7 +246,8 @@ def bench_vlembed(dirs: dict[str, Path], img: Image.Image, text: str, repeats: i
                         backends.append(backend)
                     res[f"{name}_s"] = stats(totals)
                     res[f"{name}_overhead"] = stats(
-                        [(t - b) / b for t, b in zip(totals, backends, strict=True)])
+                        [(t - b) / b for t, b in zip(totals, backends, strict=True)]
+                    )
                 out[f"vlembed-{variant}"] = res
         finally:
             svc.stop()
@@ -223,15 +259,24 @@ def bench_raw_path(dirs: dict[str, Path], img: Image.Image, repeats: int, thread
     straight against llama-server at F32 (no service in between)."""
     from preprocess_service.backend_wire import encode_patches
     from preprocess_service.image import patchify
-    from preprocess_service.supervisor import ManagedServer, ServerSpec, free_port, \
-        llama_server_binary
+    from preprocess_service.supervisor import (
+        ManagedServer,
+        ServerSpec,
+        free_port,
+        llama_server_binary,
+    )
 
     model_dir = dirs.get("f32") or next(iter(dirs.values()))
     manifest = json.loads((model_dir / "manifest.json").read_text())
-    spec = ServerSpec(binary=llama_server_binary(),
-                      model=model_dir / manifest["tasks"]["retrieval"]["text"]["f32"],
-                      mmproj=model_dir / next(iter(manifest["mmproj"].values())),
-                      port=free_port(), parallel=1, threads=threads, ctx_per_slot=2048)
+    spec = ServerSpec(
+        binary=llama_server_binary(),
+        model=model_dir / manifest["tasks"]["retrieval"]["text"]["f32"],
+        mmproj=model_dir / next(iter(manifest["mmproj"].values())),
+        port=free_port(),
+        parallel=1,
+        threads=threads,
+        ctx_per_slot=2048,
+    )
     server = ManagedServer(spec, Path("/dev/null"))
     server.start()
     try:
@@ -247,24 +292,42 @@ def bench_raw_path(dirs: dict[str, Path], img: Image.Image, repeats: int, thread
             prompt = f"<|im_start|>user\n{marker}Describe the image.<|im_end|>\n"
             buf = io.BytesIO()
             img.save(buf, "PNG")
-            raw = {"content": {"prompt_string": prompt,
-                               "multimodal_data": [base64.b64encode(buf.getvalue()).decode()]},
-                   "rows_format": "f32"}
-            pre = {"content": {"prompt_string": prompt,
-                               "multimodal_patches": [encode_patches(*patchify(img))]},
-                   "rows_format": "f32"}
+            raw = {
+                "content": {
+                    "prompt_string": prompt,
+                    "multimodal_data": [base64.b64encode(buf.getvalue()).decode()],
+                },
+                "rows_format": "f32",
+            }
+            pre = {
+                "content": {
+                    "prompt_string": prompt,
+                    "multimodal_patches": [encode_patches(*patchify(img))],
+                },
+                "rows_format": "f32",
+            }
             return {
-                "raw_image_s": timed(lambda: client.post(spec.url + "/embeddings", json=raw)
-                                     .raise_for_status(), repeats),
-                "precomputed_s": timed(lambda: client.post(spec.url + "/embeddings", json=pre)
-                                       .raise_for_status(), repeats),
+                "raw_image_s": timed(
+                    lambda: client.post(spec.url + "/embeddings", json=raw).raise_for_status(),
+                    repeats,
+                ),
+                "precomputed_s": timed(
+                    lambda: client.post(spec.url + "/embeddings", json=pre).raise_for_status(),
+                    repeats,
+                ),
             }
     finally:
         server.stop()
 
 
-def bench_concurrency(model_dir: Path, variant: str, img: Image.Image, threads: int,
-                      levels: tuple[int, ...] = (1, 2, 4, 8), per_level: int = 8) -> dict:
+def bench_concurrency(
+    model_dir: Path,
+    variant: str,
+    img: Image.Image,
+    threads: int,
+    levels: tuple[int, ...] = (1, 2, 4, 8),
+    per_level: int = 8,
+) -> dict:
     svc = ServeProcess(model_dir, variant, threads, parallel=max(levels))
     uri = data_uri(img)
     out = {}
@@ -291,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--image-size", type=int, default=448)
     p.add_argument("--text-tokens", type=int, default=443)
-    p.add_argument("--skip", default="", help="comma list of: hf,preprocess,raw,concurrency")
+    p.add_argument(
+        "--skip", default="", help="comma list of: hf,preprocess,vlembed,raw,concurrency,quality"
+    )
     p.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks.json")
     p.add_argument("--markdown", type=Path, default=REPO / "docs" / "BENCHMARKS.md")
     args = p.parse_args(argv)
@@ -305,9 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     text = bench_text(args.text_tokens, Tokenizer.from_file(str(hf / "tokenizer.json")))
     img = page_image(args.image_size, args.image_size)
     results: dict = {
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "processor": _cpu_name(), "threads": args.threads},
-        "preset": args.preset, "repeats": args.repeats,
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "processor": _cpu_name(),
+            "threads": args.threads,
+        },
+        "preset": args.preset,
+        "repeats": args.repeats,
         "image": f"{args.image_size}x{args.image_size}",
         "date": time.strftime("%Y-%m-%d"),
     }
@@ -315,13 +385,20 @@ def main(argv: list[str] | None = None) -> int:
         results["reference"] = bench_reference(hf, img, text, args.repeats, args.threads)
     if "preprocess" not in skip:
         results["preprocess"] = bench_preprocess(args.repeats)
-    results["vlembed"] = bench_vlembed(dirs, img, text, args.repeats, args.threads)
+    if "quality" not in skip:
+        from bench.quality import measure
+
+        results["quality"] = measure(hf, dirs, args.threads)
+    if "vlembed" not in skip:
+        results["vlembed"] = bench_vlembed(dirs, img, text, args.repeats, args.threads)
     if "raw" not in skip:
         results["raw_path"] = bench_raw_path(dirs, img, args.repeats, args.threads)
     if "concurrency" not in skip:
         best = "Q8_0" if "Q8_0" in dirs else next(iter(dirs))
-        results["concurrency"] = {"variant": best, "levels": bench_concurrency(
-            dirs[best], best, img, args.threads)}
+        results["concurrency"] = {
+            "variant": best,
+            "levels": bench_concurrency(dirs[best], best, img, args.threads),
+        }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     from bench.report import write_report

@@ -1,0 +1,81 @@
+#!/bin/sh
+# Starts the patched llama-server on one task of a converted model directory, with the command
+# line `vlembed serve` uses for the llama-servers it starts itself. Reads the same variables:
+#
+#   VLEMBED_MODEL         converted model directory (manifest.json, GGUFs)     default /models
+#   VLEMBED_TASK          task whose text GGUF to serve                        default retrieval
+#   VLEMBED_VARIANT       f32 | f16 | bf16 | Q8_0 | Q4_K_M | IQ4_XS            default f16
+#   VLEMBED_MMPROJ_DTYPE  dtype of mmproj-<dtype>.gguf; default: the only one in the directory
+#   VLEMBED_PARALLEL      slots (-np)                                          default 2
+#   VLEMBED_CTX_SIZE      context of one slot, in tokens                       default 4096
+#   VLEMBED_THREADS       CPU threads (-t)                    default: llama-server's choice
+#   VLEMBED_LLAMA_PORT    listening port                                       default 8080
+#
+# -c is CTX_SIZE x PARALLEL (one KV cache per slot, --no-kv-unified). llama-server embeds a
+# prompt only when it fits in one micro-batch, so -b and -ub are CTX_SIZE. Arguments given to
+# the container are appended (e.g. --no-mmproj-offload); llama-server's own LLAMA_ARG_*
+# variables work too.
+set -eu
+
+die() {
+    echo "vlembed-llama-server: $*" >&2
+    exit 2
+}
+
+positive_int() {
+    case $2 in
+        '' | *[!0-9]* | 0*) die "$1 must be a positive integer, got '$2'" ;;
+    esac
+}
+
+model_dir=${VLEMBED_MODEL:-/models}
+task=${VLEMBED_TASK:-retrieval}
+variant=${VLEMBED_VARIANT:-f16}
+parallel=${VLEMBED_PARALLEL:-2}
+ctx=${VLEMBED_CTX_SIZE:-4096}
+threads=${VLEMBED_THREADS:-}
+port=${VLEMBED_LLAMA_PORT:-8080}
+
+positive_int VLEMBED_PARALLEL "$parallel"
+positive_int VLEMBED_CTX_SIZE "$ctx"
+positive_int VLEMBED_LLAMA_PORT "$port"
+if [ -n "$threads" ]; then
+    positive_int VLEMBED_THREADS "$threads"
+    set -- -t "$threads" "$@"
+fi
+
+[ -f "$model_dir/manifest.json" ] \
+    || die "$model_dir has no manifest.json: convert a checkpoint into it first (docker compose run --rm convert)"
+text="$model_dir/text-$task-$variant.gguf"
+if [ ! -f "$text" ]; then
+    found=$(for f in "$model_dir"/*.gguf; do if [ -f "$f" ]; then printf ' %s' "${f##*/}"; fi; done)
+    die "$text not found; GGUF files there:${found:- none}"
+fi
+
+if [ -n "${VLEMBED_MMPROJ_DTYPE:-}" ]; then
+    mmproj="$model_dir/mmproj-$VLEMBED_MMPROJ_DTYPE.gguf"
+    [ -f "$mmproj" ] || die "$mmproj not found"
+else
+    mmproj=
+    for f in "$model_dir"/mmproj-*.gguf; do
+        [ -f "$f" ] || continue
+        [ -z "$mmproj" ] || die "several mmproj-*.gguf in $model_dir: set VLEMBED_MMPROJ_DTYPE"
+        mmproj=$f
+    done
+    [ -n "$mmproj" ] || die "no mmproj-*.gguf in $model_dir"
+fi
+
+exec llama-server \
+    -m "$text" \
+    --mmproj "$mmproj" \
+    --embeddings \
+    --pooling none \
+    --host 0.0.0.0 \
+    --port "$port" \
+    -np "$parallel" \
+    -c "$((ctx * parallel))" \
+    -b "$ctx" \
+    -ub "$ctx" \
+    --no-kv-unified \
+    --no-webui \
+    "$@"
