@@ -78,4 +78,5 @@ exec llama-server \
     -ub "$ctx" \
     --no-kv-unified \
     --no-webui \
+    -fa off \
     "$@"

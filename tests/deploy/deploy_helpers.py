@@ -64,6 +64,7 @@ LLAMA_SERVER_FLAGS: dict[str, bool] = {
     "-ub": True,
     "--no-kv-unified": False,
     "--no-webui": False,
+    "-fa": True,
 }
 LLAMA_FLAG_ALIASES = {
     "--batch-size": "-b",

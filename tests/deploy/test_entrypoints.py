@@ -111,6 +111,7 @@ def test_llama_server_command_line_defaults(model_dir: Path, tmp_path: Path) -> 
         "-ub": "4096",
         "--no-kv-unified": True,
         "--no-webui": True,
+        "-fa": "off",
     }
 
 
