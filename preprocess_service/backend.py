@@ -45,13 +45,16 @@ class Backend:
     served: int = 0
 
     async def refresh(self) -> bool:
-        """Health + props. Returns whether the backend is ready for requests."""
+        """Health check; props (media marker, context) are re-read whenever the backend was
+        not known healthy, since a restarted llama-server has a new random marker."""
         try:
             health = await self.client.get(f"{self.url}/health", timeout=5.0)
             if health.status_code != 200:
                 self.healthy = False
                 return False
-            props = (await self.client.get(f"{self.url}/props", timeout=5.0)).json()
+            if self.healthy and self.marker is not None:
+                return True
+            props = (await self.client.get(f"{self.url}/props", timeout=10.0)).json()
         except (httpx.HTTPError, ValueError):
             self.healthy = False
             return False
@@ -86,10 +89,15 @@ class Backend:
         return rows
 
     def _translate(self, exc: httpx.HTTPError) -> Exception:
+        log.warning("backend %s: %r", self.url, exc)
         if isinstance(exc, httpx.TimeoutException):
             return BackendTimeoutError(f"backend {self.url} did not answer in time")
-        # connection refused/reset, protocol errors: the server is down or restarting
-        self.healthy = False
+        if isinstance(exc, httpx.ConnectError):
+            # refused: the process is gone or restarting; the monitor re-reads its props
+            self.healthy = False
+            self.marker = None
+        # a dropped keep-alive connection (RemoteProtocolError, ReadError) is not a dead server:
+        # the caller retries, and a real crash shows up as ConnectError on that retry
         return BackendUnavailableError(f"backend {self.url} is unavailable ({type(exc).__name__})")
 
     def _check_status(self, resp: httpx.Response) -> None:

@@ -28,7 +28,13 @@ def server_binary() -> Path:
 
 
 def start_server(
-    binary: Path, model: Path, mmproj: Path, log_dir: Path, parallel: int = 4, ctx: int = 2048
+    binary: Path,
+    model: Path,
+    mmproj: Path,
+    log_dir: Path,
+    parallel: int = 4,
+    ctx: int = 2048,
+    threads: int = 2,
 ) -> ManagedServer:
     spec = ServerSpec(
         binary=binary,
@@ -36,7 +42,7 @@ def start_server(
         mmproj=mmproj,
         port=free_port(),
         parallel=parallel,
-        threads=2,
+        threads=threads,
         ctx_per_slot=ctx,
     )
     server = ManagedServer(spec, log_dir / f"llama-server-{spec.port}.log")

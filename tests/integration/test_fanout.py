@@ -16,9 +16,10 @@ pytestmark = pytest.mark.integration
 
 def test_least_outstanding_spreads_load(server_binary: Path, tiny_converted: Path,
                                         tmp_path: Path) -> None:
+    # one thread each: two replicas on two cores, as a deployment would size them
     replicas = [
         start_server(server_binary, tiny_converted / "text-retrieval-f32.gguf",
-                     tiny_converted / "mmproj-f32.gguf", tmp_path, parallel=2)
+                     tiny_converted / "mmproj-f32.gguf", tmp_path, parallel=2, threads=1)
         for _ in range(2)
     ]
     svc = None
@@ -37,7 +38,9 @@ def test_least_outstanding_spreads_load(server_binary: Path, tiny_converted: Pat
         assert statuses == [200] * 32
         served = [b.served for b in backends]
         print("requests per replica:", served)
-        assert sum(served) == 32 and min(served) >= 8  # both replicas took a real share
+        # least-outstanding sends more to a replica that answers faster, so no exact split;
+        # but each of two equal replicas must take a real share
+        assert sum(served) == 32 and min(served) >= 8
     finally:
         if svc:
             svc.stop()

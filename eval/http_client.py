@@ -1,0 +1,326 @@
+"""The vlembed service as an evaluation backend: ``POST /v1/embeddings`` over httpx.
+
+Behaviour an evaluation run needs from a client, and why:
+
+- **Start-up check.** ``GET /v1/models`` is called once in the constructor, so a wrong URL or a
+  server serving no model fails before any dataset is loaded; the served model id becomes the
+  MTEB model name, and the widths it lists (``dimensions``, ``multi_vector_dim``) its metadata.
+- **Retries only where waiting helps.** Timeouts and ``429``/``503`` (the service's answer when
+  it is full or still starting) are retried with backoff, honouring ``Retry-After``. Any other
+  4xx/5xx fails at once with the server's own message: an invalid request does not become valid
+  by sending it again, and a long benchmark should stop at the first real error.
+- **One exception type.** Every failure surfaces as :class:`ServiceError`, chained to the httpx
+  exception that caused it, so the CLI can print one line instead of a traceback.
+- **Bounded requests.** Inputs are sent in chunks (item count and payload bytes), images as
+  lossless PNG data URIs: the server decodes exactly the pixels the reference sees.
+"""
+
+from __future__ import annotations
+
+import base64
+import email.utils
+import io
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from eval.backends import API_TASKS, Item
+
+__all__ = ["HttpBackend", "ServiceError", "image_data_uri"]
+
+RETRY_STATUSES = (429, 503)
+
+
+class ServiceError(RuntimeError):
+    """The service could not be reached or answered with an error.
+
+    Attributes:
+        status: HTTP status, or ``None`` when no response arrived.
+        error_type: ``error.type`` of an OpenAI-shaped error body, if any.
+        code: ``error.code`` of an OpenAI-shaped error body, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        error_type: str | None = None,
+        code: str | int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.code = code
+
+
+def image_data_uri(image: Image.Image) -> str:
+    """PNG data URI of an image (lossless, so the server decodes the very same RGB values)."""
+    buf = io.BytesIO()
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    rgb.save(buf, format="PNG", compress_level=1)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _wire_item(item: Item) -> dict[str, str]:
+    if isinstance(item, str):
+        return {"text": item}
+    if isinstance(item, Image.Image):
+        return {"image": image_data_uri(item)}
+    raise TypeError(f"cannot send a {type(item).__name__}; expected str or PIL image")
+
+
+def _error_from(response: httpx.Response, note: str = "") -> ServiceError:
+    """A ServiceError carrying the server's message (OpenAI-shaped body, else its text)."""
+    message, error_type, code = response.text[:500], None, None
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        err = body["error"]
+        message = str(err.get("message", message))
+        error_type = err.get("type")
+        code = err.get("code")
+    request = response.request
+    text = f"{request.method} {request.url} -> {response.status_code}: {message}"
+    return ServiceError(
+        text + (f" ({note})" if note else ""),
+        status=response.status_code,
+        error_type=error_type,
+        code=code,
+    )
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds (delta-seconds or HTTP date), or None if absent/invalid."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+class HttpBackend:
+    """A running ``vlembed serve`` as a :class:`eval.backends.Backend`.
+
+    Args:
+        base_url: Service root, e.g. ``http://localhost:8080`` (``/v1/...`` is appended).
+        model: Model id to request; default: the first id ``/v1/models`` lists.
+        timeout: Seconds per request (a page image can take seconds on CPU).
+        max_retries: Retries after the first attempt, for timeouts and 429/503.
+        max_wait: Upper bound on one wait between retries, whatever ``Retry-After`` says.
+        max_items: Inputs per request.
+        max_request_bytes: Approximate JSON payload bound per request (images dominate).
+        concurrency: Requests in flight at once (order of results is kept).
+        api_key: Sent as ``Authorization: Bearer …`` when the service requires a key.
+        transport: httpx transport (tests pass ``httpx.MockTransport``).
+        sleep: Called with the seconds to wait between retries (tests pass a recorder).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        timeout: float = 300.0,
+        max_retries: int = 5,
+        max_wait: float = 120.0,
+        max_items: int = 16,
+        max_request_bytes: int = 16 << 20,
+        concurrency: int = 1,
+        api_key: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if concurrency < 1 or max_items < 1 or max_retries < 0:
+            raise ValueError(
+                f"need concurrency >= 1, max_items >= 1, max_retries >= 0; got {concurrency}, "
+                f"{max_items}, {max_retries}"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.max_wait = max_wait
+        self.max_items = max_items
+        self.max_request_bytes = max_request_bytes
+        self.concurrency = concurrency
+        self._sleep = sleep
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._client = httpx.Client(
+            base_url=self.base_url, timeout=timeout, transport=transport, headers=headers
+        )
+        self.n_parameters: int | None = None
+        self.revision: str | None = None
+        self.dim: int | None = None
+        self.multi_dim: int | None = None
+        self.name = self._check_models(model)
+
+    # --- requests -------------------------------------------------------------------------
+
+    def _send(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
+        """One API call with the retry policy of the module docstring; returns the JSON body."""
+        url = self.base_url + path
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                response = self._client.request(method, path, json=payload)
+            except httpx.TimeoutException as exc:
+                if last:
+                    raise ServiceError(
+                        f"{method} {url} timed out {attempt + 1} times ({self.timeout:g} s each)"
+                    ) from exc
+                self._sleep(self._backoff(attempt))
+                continue
+            except httpx.TransportError as exc:
+                raise ServiceError(f"cannot reach {url}: {exc}") from exc
+            if response.status_code in RETRY_STATUSES:
+                if last:
+                    raise _error_from(response, f"gave up after {attempt + 1} attempts")
+                wait = _retry_after(response)
+                if wait is None:
+                    wait = self._backoff(attempt)
+                self._sleep(min(self.max_wait, wait))
+                continue
+            if response.status_code >= 400:
+                raise _error_from(response)
+            try:
+                return response.json()
+            except ValueError as exc:
+                raise ServiceError(
+                    f"{method} {url} -> {response.status_code}: body is not JSON: "
+                    f"{response.text[:200]!r}",
+                    status=response.status_code,
+                ) from exc
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _backoff(self, attempt: int) -> float:
+        return min(self.max_wait, 0.5 * 2**attempt)
+
+    def _check_models(self, wanted: str | None) -> str:
+        body = self._send("GET", "/v1/models")
+        entries = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(entries, list):
+            raise ServiceError(f"{self.base_url}/v1/models: expected a 'data' list, got {body!r}")
+        ids = [str(e["id"]) for e in entries if isinstance(e, dict) and "id" in e]
+        if not ids:
+            raise ServiceError(f"{self.base_url}/v1/models lists no model")
+        name = wanted if wanted is not None else ids[0]
+        if name not in ids:
+            raise ServiceError(f"{self.base_url} does not serve model {name!r}; it serves {ids}")
+        entry = next(e for e in entries if isinstance(e, dict) and e.get("id") == name)
+        revision = entry.get("revision")
+        self.revision = str(revision) if revision else None
+        dims = entry.get("dimensions")
+        if isinstance(dims, list) and dims and all(isinstance(d, int) for d in dims):
+            self.dim = max(dims)
+        multi = entry.get("multi_vector_dim")
+        self.multi_dim = multi if isinstance(multi, int) else None
+        return name
+
+    # --- embeddings -----------------------------------------------------------------------
+
+    def embed(
+        self,
+        items: Sequence[Item],
+        *,
+        task: str,
+        multivector: bool,
+        dimensions: int | None = None,
+    ) -> list[np.ndarray]:
+        """Embed ``items`` in as few requests as the bounds allow, results in input order."""
+        if task not in API_TASKS:
+            raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(API_TASKS)}")
+        wire = [_wire_item(item) for item in items]
+        # with several requests in flight, split even a small batch across them
+        per_request = min(self.max_items, max(1, -(-len(wire) // self.concurrency)))
+        chunks = self._chunks(wire, per_request)
+
+        def run(chunk: list[dict[str, str]]) -> list[np.ndarray]:
+            return self._embed_chunk(chunk, task, multivector, dimensions)
+
+        if self.concurrency == 1 or len(chunks) == 1:
+            parts = [run(c) for c in chunks]
+        else:
+            with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+                parts = list(pool.map(run, chunks))
+        return [vec for part in parts for vec in part]
+
+    def _chunks(self, wire: list[dict[str, str]], per_request: int) -> list[list[dict[str, str]]]:
+        """Consecutive runs of at most ``per_request`` items and ``max_request_bytes``."""
+        chunks: list[list[dict[str, str]]] = []
+        current: list[dict[str, str]] = []
+        size = 0
+        for item in wire:
+            item_size = sum(len(v) for v in item.values()) + 16
+            full = len(current) >= per_request or size + item_size > self.max_request_bytes
+            if current and full:
+                chunks.append(current)
+                current, size = [], 0
+            current.append(item)
+            size += item_size
+        if current:
+            chunks.append(current)
+        return chunks
+
+    def _embed_chunk(
+        self,
+        chunk: list[dict[str, str]],
+        task: str,
+        multivector: bool,
+        dimensions: int | None,
+    ) -> list[np.ndarray]:
+        payload = {
+            "model": self.name,
+            "input": chunk,
+            "task": task,
+            "return_multivector": multivector,
+            "dimensions": dimensions,
+            "embedding_type": "float",
+        }
+        body = self._send("POST", "/v1/embeddings", payload)
+        return _parse_embeddings(body, len(chunk), multivector, self.base_url)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _parse_embeddings(body: Any, n: int, multivector: bool, where: str) -> list[np.ndarray]:
+    """Check and convert a ``/v1/embeddings`` body: n entries, indices 0..n-1, right rank."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list) or len(data) != n:
+        got = len(data) if isinstance(data, list) else type(data).__name__
+        raise ServiceError(f"{where}/v1/embeddings: expected {n} embeddings, got {got}")
+    by_index = sorted(data, key=lambda d: d.get("index", -1) if isinstance(d, dict) else -1)
+    if [d.get("index") for d in by_index] != list(range(n)):
+        raise ServiceError(f"{where}/v1/embeddings: indices are not 0..{n - 1}")
+    want_ndim = 2 if multivector else 1
+    out = []
+    for d in by_index:
+        try:
+            vec = np.asarray(d.get("embedding"), dtype=np.float32)
+        except (TypeError, ValueError):  # ragged rows, strings, None
+            vec = np.zeros((0,), dtype=np.float32)
+        if vec.ndim != want_ndim or vec.size == 0 or not bool(np.isfinite(vec).all()):
+            raise ServiceError(
+                f"{where}/v1/embeddings: item {d['index']} has shape {vec.shape}; expected a "
+                f"{'[n_tokens, dim] multi-vector' if multivector else '[dim] vector'} of "
+                "finite floats"
+            )
+        out.append(vec)
+    return out
