@@ -1,0 +1,100 @@
+"""Load test of the service: N concurrent clients × M mixed requests against ``vlembed serve``.
+
+Checks what users rely on under load — no errors, and every result bitwise equal to the same
+request sent alone — and measures latency percentiles and throughput. Writes docs/LOAD.md.
+Runs on the tiny synthetic model by default (the point is the service, not the model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from bench.run import REPO, ServeProcess
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.splitlines()[0])
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--requests", type=int, default=200, help="requests per client")
+    p.add_argument("--parallel", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=REPO / "docs" / "LOAD.md")
+    args = p.parse_args(argv)
+    from llama_patches.build import cache_root
+    from preprocess_service.serve import resolve_model_dir
+    from tests.integration.test_service_e2e import _mixed_requests
+
+    model = resolve_model_dir(cache_root() / "models" / "tiny-random", make_tiny=True)
+    svc = ServeProcess(model, "f32", args.threads, args.parallel)
+    total = args.clients * args.requests
+    reqs = _mixed_requests(total, seed=11)
+    try:
+        with httpx.Client(timeout=300, limits=httpx.Limits(max_connections=args.clients)) as c:
+            distinct = {json.dumps(r, sort_keys=True): r for r in reqs}
+            alone = {
+                k: c.post(svc.url + "/v1/embeddings", json=r).json()["data"]
+                for k, r in distinct.items()
+            }
+            latencies: list[float] = []
+            statuses: list[int] = []
+            mismatches = 0
+
+            def client(i: int) -> None:
+                nonlocal mismatches
+                for r in reqs[i * args.requests : (i + 1) * args.requests]:
+                    t = time.perf_counter()
+                    resp = c.post(svc.url + "/v1/embeddings", json=r)
+                    latencies.append(time.perf_counter() - t)
+                    statuses.append(resp.status_code)
+                    if (
+                        resp.status_code == 200
+                        and resp.json()["data"] != alone[json.dumps(r, sort_keys=True)]
+                    ):
+                        mismatches += 1
+
+            start = time.perf_counter()
+            with ThreadPoolExecutor(args.clients) as pool:
+                list(pool.map(client, range(args.clients)))
+            wall = time.perf_counter() - start
+    finally:
+        svc.stop()
+    lat = sorted(latencies)
+    errors = sum(s != 200 for s in statuses)
+    result = {
+        "clients": args.clients,
+        "requests": total,
+        "errors": errors,
+        "mismatches": mismatches,
+        "p50_ms": statistics.median(lat) * 1000,
+        "p99_ms": lat[int(0.99 * (len(lat) - 1))] * 1000,
+        "max_ms": lat[-1] * 1000,
+        "throughput_rps": total / wall,
+        "wall_s": wall,
+        "parallel_slots": args.parallel,
+        "threads": args.threads,
+    }
+    args.out.write_text(
+        "# Load test\n\n"
+        "Regenerate with `python -m bench.load` (tiny synthetic model, F32, one llama-server per "
+        f"task with {args.parallel} slots and {args.threads} threads, on the 2-core machine).\n"
+        "Mixed requests: text queries, single images, interleaved text+image (multi-vector), "
+        "text pairs at a Matryoshka dimension; each result compared with the same request sent "
+        "alone.\n\n"
+        "| clients | requests | errors | results ≠ alone | p50 ms | p99 ms | max ms | req/s |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+        f"| {args.clients} | {total} | {errors} | {mismatches} | {result['p50_ms']:.0f} | "
+        f"{result['p99_ms']:.0f} | {result['max_ms']:.0f} | {result['throughput_rps']:.1f} |\n"
+    )
+    print(json.dumps(result, indent=2))
+    return 0 if errors == 0 and mismatches == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
