@@ -102,21 +102,17 @@ def prepare_models(preset: str, cache: Path, variants: list[str]) -> tuple[Path,
     if not (hf / "config.json").is_file():
         print(f"making the {preset} checkpoint", file=sys.stderr)
         make_checkpoint(hf, preset, 0)
+    # Quantised text models are made from the bf16 conversion so they are served with the bf16
+    # mmproj: on CPUs with AVX512-BF16 that vision tower is ~1.7x faster than f32 (measured).
     quants = [v for v in variants if v not in ("f32", "f16", "bf16")]
     dirs: dict[str, Path] = {}
     for dtype in ("f32", "f16", "bf16"):
-        wanted = [v for v in variants if v == dtype] + (quants if dtype == "f32" else [])
+        extra = quants if dtype == "bf16" else []
+        wanted = [v for v in variants if v == dtype] + extra
         if not wanted:
             continue
         out = cache / f"{preset}-{dtype}"
-        convert(
-            hf,
-            out,
-            tasks=["retrieval"],
-            dtype=dtype,
-            quants=quants if dtype == "f32" else [],
-            progress=lambda _: None,
-        )
+        convert(hf, out, tasks=["retrieval"], dtype=dtype, quants=extra, progress=lambda _: None)
         for v in wanted:
             dirs[v] = out
     return hf, dirs

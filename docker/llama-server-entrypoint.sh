@@ -5,6 +5,7 @@
 #   VLEMBED_MODEL         converted model directory (manifest.json, GGUFs)     default /models
 #   VLEMBED_TASK          task whose text GGUF to serve                        default retrieval
 #   VLEMBED_VARIANT       f32 | f16 | bf16 | Q8_0 | Q4_K_M | IQ4_XS            default f16
+#   VLEMBED_FLASH_ATTN    auto | on | off (auto: off for f32, on otherwise)   default auto
 #   VLEMBED_MMPROJ_DTYPE  dtype of mmproj-<dtype>.gguf; default: the only one in the directory
 #   VLEMBED_PARALLEL      slots (-np)                                          default 2
 #   VLEMBED_CTX_SIZE      context of one slot, in tokens                       default 4096
@@ -31,6 +32,11 @@ positive_int() {
 model_dir=${VLEMBED_MODEL:-/models}
 task=${VLEMBED_TASK:-retrieval}
 variant=${VLEMBED_VARIANT:-f16}
+# flash attention: off for the f32 parity variant, on otherwise (as vlembed serve's auto)
+flash=${VLEMBED_FLASH_ATTN:-auto}
+if [ "$flash" = auto ]; then
+    if [ "$variant" = f32 ]; then flash=off; else flash=on; fi
+fi
 parallel=${VLEMBED_PARALLEL:-2}
 ctx=${VLEMBED_CTX_SIZE:-4096}
 threads=${VLEMBED_THREADS:-}
@@ -78,5 +84,5 @@ exec llama-server \
     -ub "$ctx" \
     --no-kv-unified \
     --no-webui \
-    -fa off \
+    -fa "$flash" \
     "$@"

@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("ALLOW_FILE_DIR"),
         help="serve file:// image paths inside this directory",
     )
+    p.add_argument(
+        "--flash-attn",
+        default=_env("FLASH_ATTN", "auto"),
+        choices=["auto", "on", "off"],
+        help="llama.cpp flash attention; auto: off for the f32 (parity) variant, on "
+        "otherwise (it speeds the vision tower ~1.4x and costs ~7e-6 of row cosine)",
+    )
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"))
     return p
 
@@ -195,6 +202,9 @@ def build_state(args: argparse.Namespace):
                     f"vlembed serve: variant {variant!r} not converted for {task!r}: {list(files)}"
                 )
             mm_dtype = "f32" if variant == "f32" and "f32" in m.mmproj else next(iter(m.mmproj))
+            flash = args.flash_attn
+            if flash == "auto":
+                flash = "off" if variant == "f32" else "on"
             spec = ServerSpec(
                 binary=binary,
                 model=model_dir / files[variant],

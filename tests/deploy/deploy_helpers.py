@@ -81,6 +81,7 @@ LLAMA_ENTRYPOINT_ENV = frozenset(
         "VLEMBED_MODEL",
         "VLEMBED_TASK",
         "VLEMBED_VARIANT",
+        "VLEMBED_FLASH_ATTN",
         "VLEMBED_MMPROJ_DTYPE",
         "VLEMBED_PARALLEL",
         "VLEMBED_CTX_SIZE",

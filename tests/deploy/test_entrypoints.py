@@ -111,7 +111,7 @@ def test_llama_server_command_line_defaults(model_dir: Path, tmp_path: Path) -> 
         "-ub": "4096",
         "--no-kv-unified": True,
         "--no-webui": True,
-        "-fa": "off",
+        "-fa": "on",  # auto: on for the f16 default, off only for f32
     }
 
 
@@ -151,6 +151,7 @@ def test_llama_server_command_line_is_the_one_serve_uses(model_dir: Path, tmp_pa
             parallel=3,
             threads=threads,
             ctx_per_slot=1024,
+            flash_attn="on",  # what serve's --flash-attn auto picks for the f16 variant
         )
         env = {
             "VLEMBED_MODEL": str(model_dir),
