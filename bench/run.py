@@ -163,7 +163,14 @@ def bench_preprocess(repeats: int) -> dict:
 class ServeProcess:
     """``vlembed serve`` in its own process, as users run it."""
 
-    def __init__(self, model_dir: Path, variant: str, threads: int, parallel: int) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        variant: str,
+        threads: int,
+        parallel: int,
+        tasks: str = "retrieval",
+    ) -> None:
         from preprocess_service.supervisor import free_port
 
         self.port = free_port()
@@ -184,7 +191,7 @@ class ServeProcess:
             "--parallel",
             str(parallel),
             "--tasks",
-            "retrieval",
+            tasks,
             "--ctx-size",
             "2048",
             "--log-level",

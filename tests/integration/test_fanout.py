@@ -14,12 +14,19 @@ from .test_service_e2e import LiveService
 pytestmark = pytest.mark.integration
 
 
-def test_least_outstanding_spreads_load(server_binary: Path, tiny_converted: Path,
-                                        tmp_path: Path) -> None:
+def test_least_outstanding_spreads_load(
+    server_binary: Path, tiny_converted: Path, tmp_path: Path
+) -> None:
     # one thread each: two replicas on two cores, as a deployment would size them
     replicas = [
-        start_server(server_binary, tiny_converted / "text-retrieval-f32.gguf",
-                     tiny_converted / "mmproj-f32.gguf", tmp_path, parallel=2, threads=1)
+        start_server(
+            server_binary,
+            tiny_converted / "text-retrieval-f32.gguf",
+            tiny_converted / "mmproj-f32.gguf",
+            tmp_path,
+            parallel=2,
+            threads=1,
+        )
         for _ in range(2)
     ]
     svc = None
@@ -32,9 +39,14 @@ def test_least_outstanding_spreads_load(server_binary: Path, tiny_converted: Pat
         assert len(backends) == 2 and not svc.state.managed
         bodies = [{"input": [f"query number {i} " + "word " * (i % 7)]} for i in range(32)]
         with ThreadPoolExecutor(8) as pool:
-            statuses = list(pool.map(
-                lambda b: httpx.post(svc.url + "/v1/embeddings", json=b, timeout=60).status_code,
-                bodies))
+            statuses = list(
+                pool.map(
+                    lambda b: (
+                        httpx.post(svc.url + "/v1/embeddings", json=b, timeout=60).status_code
+                    ),
+                    bodies,
+                )
+            )
         assert statuses == [200] * 32
         served = [b.served for b in backends]
         print("requests per replica:", served)

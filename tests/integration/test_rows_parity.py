@@ -182,3 +182,38 @@ def test_upstream_raw_image_path_side_by_side(retrieval_server, tiny_reference) 
         report[name] = f"min row cos {row_min:.5f}, pooled {pooled:.6f}"
     print("upstream raw-image path:", report)
     assert report
+
+
+@pytest.fixture(scope="module")
+def f16_server(server_binary, tiny_checkpoint, tmp_path_factory):
+    from gguf_convert.convert import convert
+
+    from .conftest import start_server
+
+    out = tmp_path_factory.mktemp("f16") / "tiny-f16"
+    convert(tiny_checkpoint, out, tasks=["retrieval"], dtype="f16", progress=lambda _: None)
+    server = start_server(
+        server_binary,
+        out / "text-retrieval-f16.gguf",
+        out / "mmproj-f16.gguf",
+        tmp_path_factory.mktemp("logs"),
+    )
+    yield server
+    server.stop()
+
+
+def test_f16_gguf_rows(f16_server, tiny_reference) -> None:
+    """F16 text GGUF (and f16 mmproj): min per-row and pooled cosine ≥ 0.9995."""
+    text = "Half precision keeps the rows close to the reference."
+    ref = tiny_reference.encode_text(text, "passage")
+    got = run(backend_rows(f16_server.spec.url, "Passage: " + text))
+    row_min, pooled = _check(got.rows, ref)
+    assert row_min >= 0.9995 and pooled >= 0.9995
+    img = _img(100, 150, 7)
+    ref = tiny_reference.encode_image(img)
+    got = run(
+        backend_rows(f16_server.spec.url, IMAGE_TEMPLATE.format(image="<IMG>"), [patchify(img)])
+    )
+    row_min, pooled = _check(got.rows, ref)
+    print(f"f16: image min row cos {row_min:.6f} pooled {pooled:.7f}")
+    assert row_min >= 0.9995 and pooled >= 0.9995
