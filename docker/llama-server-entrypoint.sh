@@ -85,4 +85,5 @@ exec llama-server \
     --no-kv-unified \
     --no-webui \
     -fa "$flash" \
+    --mmproj-flash-attn on \
     "$@"

@@ -186,8 +186,11 @@ class EmbeddingService:
         self.metrics.tokens.inc(prepared.n_tokens)
         self.metrics.images.inc(len(prepared.images))
         return EmbedResult(
-            vector=vector, n_tokens=prepared.n_tokens, n_images=len(prepared.images),
-            preprocess_s=t1 - t0, backend_s=t2 - t1,
+            vector=vector,
+            n_tokens=prepared.n_tokens,
+            n_images=len(prepared.images),
+            preprocess_s=t1 - t0,
+            backend_s=t2 - t1,
         )
 
     def _prepare(self, job: EmbedJob, task: str, role: str, opts: EmbedOptions) -> _Prepared:

@@ -65,6 +65,7 @@ LLAMA_SERVER_FLAGS: dict[str, bool] = {
     "--no-kv-unified": False,
     "--no-webui": False,
     "-fa": True,
+    "--mmproj-flash-attn": True,
 }
 LLAMA_FLAG_ALIASES = {
     "--batch-size": "-b",
