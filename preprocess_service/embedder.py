@@ -102,7 +102,7 @@ class EmbeddingService:
         task, role = TASKS[name]
         if task not in self.pools:
             served = sorted({t for t, _ in TASKS.values() if t in self.pools})
-            if len(self.pools) == 1 and not self.model.manifest.source_kind == "jina-v4":
+            if len(self.pools) == 1 and self.model.manifest.source_kind != "jina-v4":
                 task = next(iter(self.pools))  # plain checkpoint: one task serves every name
             else:
                 raise InvalidInputError(

@@ -149,8 +149,7 @@ class ManagedServer:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=timeout)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            with_kill = self.proc.poll() is None
-            if with_kill:
+            if self.proc.poll() is None:  # ignored SIGTERM: force it
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=timeout)
 
