@@ -29,7 +29,27 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = ("f32", "f16", "bf16", "Q8_0", "Q4_K_M", "IQ4_XS")
+# TEXT[/MMPROJ]: the text GGUF variant and, after a slash, the vision tower's (default: what
+# serve picks). Quantised text and towers are made from the bf16 conversion.
+VARIANTS = (
+    "f32",
+    "f16",
+    "bf16",
+    "Q8_0/bf16",
+    "Q8_0/Q8_0",
+    "Q6_K/Q6_K",
+    "Q4_K_M/bf16",
+    "Q4_K_M/Q4_K_M",
+    "IQ4_XS/IQ4_XS",
+)
+DTYPES = ("f32", "f16", "bf16")
+
+
+def split_variant(label: str) -> tuple[str, str]:
+    """"Q4_K_M/bf16" -> ("Q4_K_M", "bf16"); a bare "Q8_0" -> ("Q8_0", "auto")."""
+    text, _, mmproj = label.partition("/")
+    return text, mmproj or "auto"
+
 
 
 def stats(samples: list[float]) -> dict[str, float]:
@@ -95,6 +115,7 @@ def data_uri(img: Image.Image) -> str:
 
 
 def prepare_models(preset: str, cache: Path, variants: list[str]) -> tuple[Path, dict[str, Path]]:
+    """The checkpoint and, per variant label, the converted directory that serves it."""
     from eval.synthetic import make_checkpoint
     from gguf_convert.convert import convert
 
@@ -102,17 +123,25 @@ def prepare_models(preset: str, cache: Path, variants: list[str]) -> tuple[Path,
     if not (hf / "config.json").is_file():
         print(f"making the {preset} checkpoint", file=sys.stderr)
         make_checkpoint(hf, preset, 0)
-    # Quantised text models are made from the bf16 conversion so they are served with the bf16
-    # mmproj: on CPUs with AVX512-BF16 that vision tower is ~1.7x faster than f32 (measured).
-    quants = [v for v in variants if v not in ("f32", "f16", "bf16")]
+    split = {v: split_variant(v) for v in variants}
+    text_quants = sorted({t for t, _ in split.values() if t not in DTYPES})
+    mm_quants = sorted({m for _, m in split.values() if m not in (*DTYPES, "auto")})
     dirs: dict[str, Path] = {}
-    for dtype in ("f32", "f16", "bf16"):
-        extra = quants if dtype == "bf16" else []
-        wanted = [v for v in variants if v == dtype] + extra
+    for dtype in DTYPES:
+        base = dtype == "bf16"  # quantised files are made from bf16
+        wanted = [v for v, (t, _) in split.items() if t == dtype or (base and t not in DTYPES)]
         if not wanted:
             continue
         out = cache / f"{preset}-{dtype}"
-        convert(hf, out, tasks=["retrieval"], dtype=dtype, quants=extra, progress=lambda _: None)
+        convert(
+            hf,
+            out,
+            tasks=["retrieval"],
+            dtype=dtype,
+            quants=text_quants if base else [],
+            mmproj_quants=mm_quants if base else [],
+            progress=lambda _: None,
+        )
         for v in wanted:
             dirs[v] = out
     return hf, dirs
@@ -171,7 +200,10 @@ class ServeProcess:
         parallel: int,
         tasks: str = "retrieval",
     ) -> None:
+        """``variant`` is a bench label, TEXT[/MMPROJ]."""
         from preprocess_service.supervisor import free_port
+
+        variant, mmproj = split_variant(variant)
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -184,6 +216,8 @@ class ServeProcess:
             str(model_dir),
             "--variant",
             variant,
+            "--mmproj-variant",
+            mmproj,
             "--port",
             str(self.port),
             "--threads",
@@ -397,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     if "raw" not in skip:
         results["raw_path"] = bench_raw_path(dirs, img, args.repeats, args.threads)
     if "concurrency" not in skip:
-        best = "Q8_0" if "Q8_0" in dirs else next(iter(dirs))
+        best = "Q4_K_M/Q4_K_M" if "Q4_K_M/Q4_K_M" in dirs else next(iter(dirs))
         results["concurrency"] = {
             "variant": best,
             "levels": bench_concurrency(dirs[best], best, img, args.threads),

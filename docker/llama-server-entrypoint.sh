@@ -6,6 +6,7 @@
 #   VLEMBED_TASK          task whose text GGUF to serve                        default retrieval
 #   VLEMBED_VARIANT       f32 | f16 | bf16 | Q8_0 | Q4_K_M | IQ4_XS            default f16
 #   VLEMBED_FLASH_ATTN    auto | on | off (auto: off for f32, on otherwise)   default auto
+#   VLEMBED_REPACK        auto | on | off (auto: off for K-quant / IQ variants) default auto
 #   VLEMBED_MMPROJ_DTYPE  dtype of mmproj-<dtype>.gguf; default: the only one in the directory
 #   VLEMBED_PARALLEL      slots (-np)                                          default 2
 #   VLEMBED_CTX_SIZE      context of one slot, in tokens                       default 4096
@@ -36,6 +37,16 @@ variant=${VLEMBED_VARIANT:-f16}
 flash=${VLEMBED_FLASH_ATTN:-auto}
 if [ "$flash" = auto ]; then
     if [ "$variant" = f32 ]; then flash=off; else flash=on; fi
+fi
+# weight repacking: off for K-quant / IQ variants, whose tiled VNNI kernels skip repacked
+# weights (as vlembed serve's auto)
+case ${VLEMBED_REPACK:-auto} in
+    auto) case $variant in Q[2-6]_K* | IQ4_XS | IQ[1-3]*) repack=off ;; *) repack=on ;; esac ;;
+    on | off) repack=$VLEMBED_REPACK ;;
+    *) die "VLEMBED_REPACK must be auto, on or off, got '$VLEMBED_REPACK'" ;;
+esac
+if [ "$repack" = off ]; then
+    set -- --no-repack "$@"
 fi
 parallel=${VLEMBED_PARALLEL:-2}
 ctx=${VLEMBED_CTX_SIZE:-4096}

@@ -72,7 +72,9 @@ PRESETS: dict[str, Preset] = {
         vit_hidden=128,
         vit_depth=4,
         vit_heads=4,
-        vit_intermediate=256,
+        # not a multiple of 32, like the real 3420: the converter's zero padding of the vision
+        # MLP (to 256) is on the path every parity test takes
+        vit_intermediate=216,
         fullatt_blocks=(1, 3),
         lora_r=4,
         lora_alpha=8,

@@ -25,6 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help=f"comma-separated llama-quantize types for the text GGUFs: {', '.join(QUANT_TYPES)}",
     )
+    p.add_argument(
+        "--mmproj-quant",
+        default="",
+        help="comma-separated llama-quantize types for the vision tower (same choices); "
+        "serve picks the one named like the text variant",
+    )
     return p
 
 
@@ -32,12 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     tasks = [t.strip() for t in args.task.split(",") if t.strip()]
     quants = [q.strip() for q in args.quant.split(",") if q.strip()]
+    mm_quants = [q.strip() for q in args.mmproj_quant.split(",") if q.strip()]
     try:
-        manifest = convert(args.hf, args.out, tasks=tasks, dtype=args.dtype, quants=quants)
+        manifest = convert(
+            args.hf, args.out, tasks=tasks, dtype=args.dtype, quants=quants, mmproj_quants=mm_quants
+        )
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"vlembed convert: error: {exc}", file=sys.stderr)
         return 2
     print(args.out / "manifest.json")
     for task, files in manifest.tasks.items():
         print(f"  {task}: {', '.join(files.text.values())}", file=sys.stderr)
+    print(f"  vision: {', '.join(manifest.mmproj.values())}", file=sys.stderr)
     return 0

@@ -31,11 +31,16 @@ from gguf_convert.writer import DTYPES, write_mmproj_gguf, write_text_gguf
 PROMPTS = {"query": "Query: ", "passage": "Passage: "}
 IMAGE_PROMPT = "<|im_start|>user\n{image}Describe the image.<|im_end|>\n"
 QUANT_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "IQ4_XS", "IQ4_NL")
+# Bumped whenever the files written for the same source change (2: vision MLP zero-padded to a
+# multiple of 256), so an earlier conversion is redone rather than reused.
+LAYOUT_VERSION = 2
 
 
 def source_fingerprint(ckpt: Checkpoint) -> str:
-    """Changes when the checkpoint's config, weights or adapters change (name, size, mtime)."""
+    """Changes when the checkpoint's config, weights or adapters change (name, size, mtime),
+    or when this converter's output layout does (LAYOUT_VERSION)."""
     h = hashlib.sha256((ckpt.files.root / "config.json").read_bytes())
+    h.update(f"layout:{LAYOUT_VERSION}".encode())
     paths = list(ckpt.files.weight_files)
     if ckpt.files.adapter_dir is not None:
         paths += sorted(ckpt.files.adapter_dir.iterdir())
@@ -94,11 +99,16 @@ def convert(
     dtype: str = "f32",
     quants: list[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    mmproj_quants: list[str] | None = None,
 ) -> Manifest:
-    """Convert ``hf_dir`` into ``out_dir``; return the manifest written there."""
+    """Convert ``hf_dir`` into ``out_dir``; return the manifest written there.
+
+    ``quants`` are llama-quantize types for the text GGUFs, ``mmproj_quants`` for the vision
+    tower; both are made from the ``dtype`` files (bf16 is the sensible base for them).
+    """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
-    for q in quants or []:
+    for q in [*(quants or []), *(mmproj_quants or [])]:
         if q not in QUANT_TYPES:
             raise ValueError(f"unknown quantisation {q!r}; choose from {list(QUANT_TYPES)}")
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -174,6 +184,17 @@ def convert(
     else:
         write_mmproj_gguf(ckpt, out_dir / mm, dtype, name, progress=say)
     manifest.mmproj[dtype] = mm
+    for q in mmproj_quants or []:
+        # The flat patch weight is named *.weight_flat, which llama-quantize leaves as it is:
+        # 1176 columns are no multiple of a quant block. The MLP is padded to 3584 (tensor_map),
+        # so every other matrix quantises.
+        qname = f"mmproj-{q}.gguf"
+        if _fresh(previous, fingerprint, out_dir, qname):
+            say(f"{qname}: up to date")
+        else:
+            say(f"{qname}: quantising")
+            quantize(out_dir / mm, out_dir / qname, q)
+        manifest.mmproj[q] = qname
     for task in wanted:
         files = TaskFiles()
         text = f"text-{task}-{dtype}.gguf"

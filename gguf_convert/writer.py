@@ -189,7 +189,10 @@ def write_mmproj_gguf(
     w.add_uint32("clip.vision.image_size", 560)  # what the pinned converter writes for Qwen2.5-VL
     w.add_uint32("clip.vision.patch_size", int(vc.get("patch_size", 14)))
     w.add_uint32("clip.vision.embedding_length", int(vc["hidden_size"]))
-    w.add_uint32("clip.vision.feed_forward_length", int(vc["intermediate_size"]))
+    w.add_uint32(
+        "clip.vision.feed_forward_length",
+        tensor_map.padded_ffn_width(int(vc["intermediate_size"])),
+    )
     w.add_uint32("clip.vision.block_count", depth)
     w.add_uint32("clip.vision.attention.head_count", int(vc["num_heads"]))
     w.add_array(

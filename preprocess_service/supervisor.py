@@ -56,6 +56,8 @@ class ServerSpec:
     # The vision tower's rows are unaffected by flash attention (>= 0.9999993 either way), and
     # without it Qwen2.5-VL's masked window attention is ~7x slower on page-sized images.
     mmproj_flash_attn: str = "on"
+    # CPU weight repacking: off lets K-quants reach ggml's tiled VNNI kernels (serve decides).
+    repack: bool = True
     extra_args: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
@@ -87,6 +89,8 @@ class ServerSpec:
             "--mmproj-flash-attn",
             self.mmproj_flash_attn,
         ]
+        if not self.repack:
+            args.append("--no-repack")
         if self.threads:
             args += ["-t", str(self.threads)]
         return args + list(self.extra_args)

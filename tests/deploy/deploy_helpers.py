@@ -35,6 +35,9 @@ SERVE_FLAGS: dict[str, str | None] = {
     "--parallel": "VLEMBED_PARALLEL",
     "--threads": "VLEMBED_THREADS",
     "--variant": "VLEMBED_VARIANT",
+    "--flash-attn": "VLEMBED_FLASH_ATTN",
+    "--mmproj-variant": "VLEMBED_MMPROJ_VARIANT",
+    "--repack": "VLEMBED_REPACK",
     "--tasks": "VLEMBED_TASKS",
     "--ctx-size": "VLEMBED_CTX_SIZE",
     "--max-queue": "VLEMBED_MAX_QUEUE",
@@ -66,6 +69,7 @@ LLAMA_SERVER_FLAGS: dict[str, bool] = {
     "--no-webui": False,
     "-fa": True,
     "--mmproj-flash-attn": True,
+    "--no-repack": False,
 }
 LLAMA_FLAG_ALIASES = {
     "--batch-size": "-b",
@@ -83,6 +87,7 @@ LLAMA_ENTRYPOINT_ENV = frozenset(
         "VLEMBED_TASK",
         "VLEMBED_VARIANT",
         "VLEMBED_FLASH_ATTN",
+        "VLEMBED_REPACK",
         "VLEMBED_MMPROJ_DTYPE",
         "VLEMBED_PARALLEL",
         "VLEMBED_CTX_SIZE",

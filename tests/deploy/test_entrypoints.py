@@ -134,6 +134,11 @@ def test_llama_server_command_line_from_variables(model_dir: Path, tmp_path: Pat
     assert flags["-m"] == f"{model_dir}/text-retrieval-Q4_K_M.gguf"
     assert (flags["-np"], flags["-t"], flags["-c"], flags["--port"]) == ("3", "7", "6144", "9090")
     assert flags["-ub"] == flags["-b"] == "2048"
+    assert flags["--no-repack"]  # auto: K-quants run ggml's tiled kernels, not repacked ones
+    env["VLEMBED_REPACK"] = "on"
+    proc, rec = _run("llama-server-entrypoint.sh", tmp_path, env)
+    assert proc.returncode == 0, proc.stderr
+    assert "--no-repack" not in rec["argv"]
 
 
 def test_llama_server_command_line_is_the_one_serve_uses(model_dir: Path, tmp_path: Path) -> None:

@@ -217,3 +217,44 @@ def test_f16_gguf_rows(f16_server, tiny_reference) -> None:
     row_min, pooled = _check(got.rows, ref)
     print(f"f16: image min row cos {row_min:.6f} pooled {pooled:.7f}")
     assert row_min >= 0.9995 and pooled >= 0.9995
+
+
+@pytest.fixture(scope="module")
+def q8_mmproj_server(server_binary, tiny_checkpoint, tmp_path_factory):
+    """f32 text with a Q8_0 vision tower: isolates the tower's quantisation error."""
+    from gguf_convert.convert import convert
+
+    from .conftest import start_server
+
+    out = tmp_path_factory.mktemp("q8mm") / "tiny-q8mm"
+    convert(
+        tiny_checkpoint,
+        out,
+        tasks=["retrieval"],
+        dtype="f32",
+        mmproj_quants=["Q8_0"],
+        progress=lambda _: None,
+    )
+    server = start_server(
+        server_binary,
+        out / "text-retrieval-f32.gguf",
+        out / "mmproj-Q8_0.gguf",
+        tmp_path_factory.mktemp("logs"),
+    )
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("size", [(100, 150), (1000, 800)])
+def test_q8_0_vision_tower_rows(size, q8_mmproj_server, tiny_reference) -> None:
+    """Q8_0 mmproj (the flat patch weight stays f32): image rows vs the f32 reference."""
+    img = _img(*size, 11)
+    ref = tiny_reference.encode_image(img)
+    got = run(
+        backend_rows(
+            q8_mmproj_server.spec.url, IMAGE_TEMPLATE.format(image="<IMG>"), [patchify(img)]
+        )
+    )
+    row_min, pooled = _check(got.rows, ref)
+    print(f"Q8_0 mmproj {size}: image min row cos {row_min:.6f} pooled {pooled:.7f}")
+    assert row_min >= 0.999 and pooled >= 0.9999
