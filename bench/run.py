@@ -46,10 +46,9 @@ DTYPES = ("f32", "f16", "bf16")
 
 
 def split_variant(label: str) -> tuple[str, str]:
-    """"Q4_K_M/bf16" -> ("Q4_K_M", "bf16"); a bare "Q8_0" -> ("Q8_0", "auto")."""
+    """ "Q4_K_M/bf16" -> ("Q4_K_M", "bf16"); a bare "Q8_0" -> ("Q8_0", "auto")."""
     text, _, mmproj = label.partition("/")
     return text, mmproj or "auto"
-
 
 
 def stats(samples: list[float]) -> dict[str, float]:
