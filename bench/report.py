@@ -125,6 +125,24 @@ def write_report(results: dict, out: Path) -> None:
         ]
         for level, r in c["levels"].items():
             lines.append(f"| {level} | {r['images_per_s']:.2f} |")
+    if "vision_batching" in results:
+        vb = results["vision_batching"]
+        lines += [
+            "",
+            f"## Batched vision encoding ({vb['variant']}, requests in flight = slots)",
+            "",
+            "Same-size images of concurrent requests in one vision forward (patch 0006, "
+            "`--vision-batch-tokens 1024`) against one image per forward (`1`).",
+            "",
+            "| images | in flight | --vision-batch-tokens | images/s | "
+            "llama-server peak RSS (MB) |",
+            "|---|---|---|---|---|",
+        ]
+        for r in vb["runs"].values():
+            lines.append(
+                f"| {r['size']}x{r['size']} | {r['in_flight']} | {r['vision_batch_tokens']} | "
+                f"{_fmt(r['images_per_s'])} | {r['peak_rss_mb']:.0f} |"
+            )
     if "quality" in results:
         lines += [
             "",

@@ -198,6 +198,7 @@ class ServeProcess:
         threads: int,
         parallel: int,
         tasks: str = "retrieval",
+        vision_batch_tokens: int = 1,
     ) -> None:
         """``variant`` is a bench label, TEXT[/MMPROJ]."""
         from preprocess_service.supervisor import free_port
@@ -229,6 +230,8 @@ class ServeProcess:
             "2048",
             "--log-level",
             "warning",
+            "--vision-batch-tokens",
+            str(vision_batch_tokens),
         ]
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -252,6 +255,16 @@ class ServeProcess:
         total = time.perf_counter() - t
         r.raise_for_status()
         return total, float(r.headers["x-backend-time"].removesuffix("ms")) / 1000
+
+    def peak_rss_mb(self) -> float:
+        """Peak resident memory of the llama-server(s) this serve started (VmHWM)."""
+        total = 0
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        for child in children.split():
+            for line in Path(f"/proc/{child}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+        return total / 1024
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -382,6 +395,38 @@ def bench_concurrency(
     return out
 
 
+def bench_vision_batching(model_dir: Path, variant: str, threads: int, repeats: int) -> dict:
+    """Same-size images of concurrent requests in one vision forward (patch 0006) against one
+    image per forward: throughput with as many requests in flight as slots, and peak memory."""
+    out = {}
+    for size, in_flight in ((448, 4), (224, 8)):
+        uris = [data_uri(page_image(size, size, seed=s)) for s in range(in_flight)]
+        bodies = [{"input": [{"image": u}], "task": "retrieval.passage"} for u in uris]
+        for tokens in (1, 1024):
+            svc = ServeProcess(
+                model_dir, variant, threads, parallel=in_flight, vision_batch_tokens=tokens
+            )
+            try:
+                with httpx.Client(limits=httpx.Limits(max_connections=32)) as client:
+                    svc.post(client, bodies[0])
+                    rates = []
+                    for _ in range(repeats):
+                        t = time.perf_counter()
+                        with ThreadPoolExecutor(in_flight) as pool:
+                            list(pool.map(lambda b, svc=svc: svc.post(client, b), bodies * 2))
+                        rates.append(2 * in_flight / (time.perf_counter() - t))
+                    out[f"{size}x{size}, {in_flight} in flight, batch {tokens}"] = {
+                        "size": size,
+                        "in_flight": in_flight,
+                        "vision_batch_tokens": tokens,
+                        "images_per_s": stats(rates),
+                        "peak_rss_mb": svc.peak_rss_mb(),
+                    }
+            finally:
+                svc.stop()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vlembed bench", description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="bench", choices=["tiny", "bench"])
@@ -391,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-size", type=int, default=448)
     p.add_argument("--text-tokens", type=int, default=443)
     p.add_argument(
-        "--skip", default="", help="comma list of: hf,preprocess,vlembed,raw,concurrency,quality"
+        "--skip",
+        default="",
+        help="comma list of: hf,preprocess,vlembed,raw,concurrency,batching,quality",
     )
     p.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks.json")
     p.add_argument("--markdown", type=Path, default=REPO / "docs" / "BENCHMARKS.md")
@@ -434,6 +481,12 @@ def main(argv: list[str] | None = None) -> int:
         results["concurrency"] = {
             "variant": best,
             "levels": bench_concurrency(dirs[best], best, img, args.threads),
+        }
+    if "batching" not in skip:
+        best = "Q4_K_M/Q4_K_M" if "Q4_K_M/Q4_K_M" in dirs else next(iter(dirs))
+        results["vision_batching"] = {
+            "variant": best,
+            "runs": bench_vision_batching(dirs[best], best, args.threads, args.repeats),
         }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))

@@ -106,6 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the text variant if converted (--mmproj-quant), else bf16, f16, f32",
     )
     p.add_argument(
+        "--vision-batch-tokens",
+        type=int,
+        default=int(_env("VISION_BATCH_TOKENS", "1") or 1),
+        help="encode same-size images of concurrent requests in one vision forward, up to this "
+        "many image tokens (a 448x448 image is 256); default 1: off (on a 2-core CPU it gained "
+        "nothing and cost memory; a GPU wants it)",
+    )
+    p.add_argument(
         "--repack",
         default=_env("REPACK", "auto"),
         choices=["auto", "on", "off"],
@@ -260,6 +268,7 @@ def build_state(args: argparse.Namespace):
                 ctx_per_slot=args.ctx_size,
                 flash_attn=resolve_flash_attn(variant, args.flash_attn),
                 repack=resolve_repack(variant, args.repack),
+                vision_batch_tokens=max(1, args.vision_batch_tokens),
             )
             log_path = cache_root() / "logs" / f"llama-server-{task}-{spec.port}.log"
             managed.append((ManagedServer(spec, log_path), task))

@@ -58,6 +58,9 @@ class ServerSpec:
     mmproj_flash_attn: str = "on"
     # CPU weight repacking: off lets K-quants reach ggml's tiled VNNI kernels (serve decides).
     repack: bool = True
+    # Images of one grid from requests in flight together are encoded in one vision forward, up
+    # to this many output tokens (patch 0006); 1 turns it off.
+    vision_batch_tokens: int = 1
     extra_args: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
@@ -88,6 +91,8 @@ class ServerSpec:
             self.flash_attn,
             "--mmproj-flash-attn",
             self.mmproj_flash_attn,
+            "--mtmd-batch-max-tokens",
+            str(self.vision_batch_tokens),
         ]
         if not self.repack:
             args.append("--no-repack")

@@ -38,6 +38,7 @@ SERVE_FLAGS: dict[str, str | None] = {
     "--flash-attn": "VLEMBED_FLASH_ATTN",
     "--mmproj-variant": "VLEMBED_MMPROJ_VARIANT",
     "--repack": "VLEMBED_REPACK",
+    "--vision-batch-tokens": "VLEMBED_VISION_BATCH_TOKENS",
     "--tasks": "VLEMBED_TASKS",
     "--ctx-size": "VLEMBED_CTX_SIZE",
     "--max-queue": "VLEMBED_MAX_QUEUE",
@@ -70,6 +71,7 @@ LLAMA_SERVER_FLAGS: dict[str, bool] = {
     "-fa": True,
     "--mmproj-flash-attn": True,
     "--no-repack": False,
+    "--mtmd-batch-max-tokens": True,
 }
 LLAMA_FLAG_ALIASES = {
     "--batch-size": "-b",
@@ -88,6 +90,7 @@ LLAMA_ENTRYPOINT_ENV = frozenset(
         "VLEMBED_VARIANT",
         "VLEMBED_FLASH_ATTN",
         "VLEMBED_REPACK",
+        "VLEMBED_VISION_BATCH_TOKENS",
         "VLEMBED_MMPROJ_DTYPE",
         "VLEMBED_PARALLEL",
         "VLEMBED_CTX_SIZE",

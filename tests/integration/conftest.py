@@ -35,6 +35,7 @@ def start_server(
     parallel: int = 4,
     ctx: int = 2048,
     threads: int = 2,
+    vision_batch_tokens: int = 1,
 ) -> ManagedServer:
     spec = ServerSpec(
         binary=binary,
@@ -44,6 +45,7 @@ def start_server(
         parallel=parallel,
         threads=threads,
         ctx_per_slot=ctx,
+        vision_batch_tokens=vision_batch_tokens,
     )
     server = ManagedServer(spec, log_dir / f"llama-server-{spec.port}.log")
     server.start()
@@ -72,6 +74,9 @@ def retrieval_server(
         tiny_converted / "text-retrieval-f32.gguf",
         tiny_converted / "mmproj-f32.gguf",
         tmp_path_factory.mktemp("logs"),
+        # concurrent same-size images share vision forwards here, so the concurrency tests
+        # also hold batched encoding to the parity bound
+        vision_batch_tokens=1024,
     )
     yield server
     server.stop()

@@ -106,6 +106,40 @@ def test_concurrent_equals_sequential(retrieval_server, tiny_reference) -> None:
         assert row_cosines(s.rows, c.rows).min() >= BOUND
 
 
+def test_same_size_images_of_concurrent_requests_share_a_vision_forward(
+    retrieval_server, tiny_reference
+) -> None:
+    """Patch 0006: images of one grid from requests in flight at once are encoded in one vision
+    forward (the server log says so), and every request still gets its own image's rows."""
+    url = retrieval_server.spec.url
+    log = retrieval_server.log_path
+    imgs = [_img(100, 150, 40 + i) for i in range(8)]  # one grid, eight different images
+    start = log.stat().st_size
+
+    async def together():
+        # a barrier so that the requests reach llama-server in the same scheduling round
+        return await asyncio.gather(
+            *(
+                backend_rows(url, IMAGE_TEMPLATE.format(image="<IMG>"), [patchify(im)])
+                for im in imgs
+            )
+        )
+
+    got = run(together())
+    with log.open("rb") as f:
+        f.seek(start)
+        batched = [
+            int(line.split(b"encoded the images of ")[1].split()[0])
+            for line in f
+            if b"in one vision forward" in line
+        ]
+    assert batched and max(batched) >= 2, "no two images shared a vision forward"
+    for im, g in zip(imgs, got, strict=True):
+        row_min, pooled = _check(g.rows, tiny_reference.encode_image(im))
+        assert row_min >= BOUND and pooled >= BOUND
+    print(f"vision forwards with several images: {batched}")
+
+
 def _post(url: str, content: dict) -> httpx.Response:
     return httpx.post(
         url + "/embeddings", json={"content": content, "rows_format": "f32"}, timeout=60
