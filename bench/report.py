@@ -118,7 +118,8 @@ def write_report(results: dict, out: Path) -> None:
         c = results["concurrency"]
         lines += [
             "",
-            f"## Scaling with requests in flight ({c['variant']}, image requests)",
+            f"## Scaling with requests in flight ({c['variant']}, image requests, "
+            "one image per vision forward)",
             "",
             "| in flight | images/s |",
             "|---|---|",

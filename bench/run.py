@@ -40,7 +40,7 @@ VARIANTS = (
     "Q6_K/Q6_K",
     "Q4_K_M/bf16",
     "Q4_K_M/Q4_K_M",
-    "IQ4_XS/IQ4_XS",
+    "IQ4_XS/Q4_K_M",
 )
 DTYPES = ("f32", "f16", "bf16")
 
@@ -200,7 +200,8 @@ class ServeProcess:
         tasks: str = "retrieval",
         vision_batch_tokens: int = 1,
     ) -> None:
-        """``variant`` is a bench label, TEXT[/MMPROJ]."""
+        """``variant`` is a bench label, TEXT[/MMPROJ]. Images are encoded one per vision forward
+        unless ``vision_batch_tokens`` says otherwise, so single-stream numbers stay comparable."""
         from preprocess_service.supervisor import free_port
 
         variant, mmproj = split_variant(variant)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gguf_convert.convert import QUANT_TYPES, convert
+from gguf_convert.convert import MMPROJ_QUANT_TYPES, QUANT_TYPES, convert
 from gguf_convert.writer import DTYPES
 
 
@@ -28,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mmproj-quant",
         default="",
-        help="comma-separated llama-quantize types for the vision tower (same choices); "
-        "serve picks the one named like the text variant",
+        help="comma-separated llama-quantize types for the vision tower: "
+        f"{', '.join(MMPROJ_QUANT_TYPES)}; serve picks the one named like the text variant",
     )
     return p
 

@@ -31,6 +31,9 @@ from gguf_convert.writer import DTYPES, write_mmproj_gguf, write_text_gguf
 PROMPTS = {"query": "Query: ", "passage": "Passage: "}
 IMAGE_PROMPT = "<|im_start|>user\n{image}Describe the image.<|im_end|>\n"
 QUANT_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "IQ4_XS", "IQ4_NL")
+# llama-quantize aborts on a vision tower at the IQ types: their per-tensor rules ask the text
+# model's hyper-parameters (heads per layer), which a clip file does not have.
+MMPROJ_QUANT_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 # Bumped whenever the files written for the same source change (2: vision MLP zero-padded to a
 # multiple of 256), so an earlier conversion is redone rather than reused.
 LAYOUT_VERSION = 2
@@ -108,9 +111,15 @@ def convert(
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
-    for q in [*(quants or []), *(mmproj_quants or [])]:
+    for q in quants or []:
         if q not in QUANT_TYPES:
             raise ValueError(f"unknown quantisation {q!r}; choose from {list(QUANT_TYPES)}")
+    for q in mmproj_quants or []:
+        if q not in MMPROJ_QUANT_TYPES:
+            raise ValueError(
+                f"vision tower quantisation {q!r} not supported; choose from "
+                f"{list(MMPROJ_QUANT_TYPES)}"
+            )
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     ckpt = open_checkpoint(Path(hf_dir))
     available = ckpt.tasks

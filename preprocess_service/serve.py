@@ -108,10 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--vision-batch-tokens",
         type=int,
-        default=int(_env("VISION_BATCH_TOKENS", "1") or 1),
+        default=int(_env("VISION_BATCH_TOKENS", "1024") or 1024),
         help="encode same-size images of concurrent requests in one vision forward, up to this "
-        "many image tokens (a 448x448 image is 256); default 1: off (on a 2-core CPU it gained "
-        "nothing and cost memory; a GPU wants it)",
+        "many image tokens (a 448x448 image is 256); 1 turns it off. Measured on 2 CPU cores: "
+        "+15%% images/s for 224x224, none for 448x448, 110-230 MB more peak memory",
     )
     p.add_argument(
         "--repack",

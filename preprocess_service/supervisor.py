@@ -59,8 +59,8 @@ class ServerSpec:
     # CPU weight repacking: off lets K-quants reach ggml's tiled VNNI kernels (serve decides).
     repack: bool = True
     # Images of one grid from requests in flight together are encoded in one vision forward, up
-    # to this many output tokens (patch 0006); 1 turns it off.
-    vision_batch_tokens: int = 1
+    # to this many output tokens (patch 0006; llama.cpp's own default); 1 turns it off.
+    vision_batch_tokens: int = 1024
     extra_args: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:

@@ -113,7 +113,7 @@ def test_llama_server_command_line_defaults(model_dir: Path, tmp_path: Path) -> 
         "--no-webui": True,
         "-fa": "on",  # auto: on for the f16 default, off only for f32
         "--mmproj-flash-attn": "on",
-        "--mtmd-batch-max-tokens": "1",
+        "--mtmd-batch-max-tokens": "1024",
     }
 
 

@@ -190,6 +190,10 @@ def test_errors(tiny_checkpoint: Path, tmp_path: Path) -> None:
         convert(tiny_checkpoint, tmp_path / "o", tasks=["summarise"])
     with pytest.raises(ValueError, match="unknown dtype"):
         convert(tiny_checkpoint, tmp_path / "o", dtype="f8")
+    # llama-quantize would abort on a vision tower at an IQ type; refuse before writing anything
+    with pytest.raises(ValueError, match="vision tower quantisation 'IQ4_XS'"):
+        convert(tiny_checkpoint, tmp_path / "o", mmproj_quants=["IQ4_XS"])
+    assert not (tmp_path / "o").exists()
     broken = tmp_path / "broken"
     shutil.copytree(tiny_checkpoint, broken)
     (broken / "model.safetensors").unlink()

@@ -35,7 +35,7 @@ def start_server(
     parallel: int = 4,
     ctx: int = 2048,
     threads: int = 2,
-    vision_batch_tokens: int = 1,
+    vision_batch_tokens: int = 1024,
 ) -> ManagedServer:
     spec = ServerSpec(
         binary=binary,
