@@ -22,17 +22,28 @@ def _chart(results: dict, path: Path) -> bool:
         return False
     ref = results.get("reference", {}).get("hf-f32")
     rows = []
-    for name, r in results.get("reference", {}).items():
-        rows.append((name, 1 / r["image_s"]["median"], r["text_tokens"] / r["text_s"]["median"]))
     n_text = ref["text_tokens"] if ref else 443
-    for name, r in results.get("vlembed", {}).items():
-        rows.append((name, 1 / r["image_s"]["median"], n_text / r["text_s"]["median"]))
+    engines = list(results.get("reference", {}).items()) + list(results.get("vlembed", {}).items())
+    for name, r in engines:
+        rows.append(
+            (
+                name,
+                1 / r["image_s"]["median"],
+                1 / r["page_s"]["median"] if "page_s" in r else 0.0,
+                r.get("text_tokens", n_text) / r["text_s"]["median"],
+            )
+        )
     if not rows:
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     names = [r[0] for r in rows]
     colors = ["#888888" if n.startswith("hf") else "#1f77b4" for n in names]
-    for ax, idx, title in ((axes[0], 1, "images / s"), (axes[1], 2, "text tokens / s")):
+    panels = (
+        (axes[0], 1, f"images / s ({results['image']})"),
+        (axes[1], 2, "pages / s (1275x1650)"),
+        (axes[2], 3, "text tokens / s"),
+    )
+    for ax, idx, title in panels:
         ax.barh(names, [r[idx] for r in rows], color=colors)
         ax.set_title(title)
         ax.invert_yaxis()
@@ -88,6 +99,21 @@ def write_report(results: dict, out: Path) -> None:
             f"| {name} | {_fmt(r['image_s'])} | {1 / img_s:.2f} | {x_img} | "
             f"{_fmt(r['text_s'])} | {ntok / txt_s:.0f} | {x_txt} | {over} |"
         )
+    base_page = ref.get("hf-f32", {}).get("page_s", {}).get("median")
+    engines = list(ref.items()) + list(results.get("vlembed", {}).items())
+    if base_page and all("page_s" in r for _, r in engines):
+        lines += [
+            "",
+            "## Document page (1275x1650, 2944 patches, 736 image tokens)",
+            "",
+            "| engine | s/page | pages/s | × HF f32 |",
+            "|---|---|---|---|",
+        ]
+        for name, r in engines:
+            page_s = r["page_s"]["median"]
+            lines.append(
+                f"| {name} | {_fmt(r['page_s'])} | {1 / page_s:.2f} | {base_page / page_s:.2f} |"
+            )
     if _chart(results, out.parent / "benchmarks.png"):
         lines += ["", "![throughput](benchmarks.png)"]
     if "raw_path" in results:
