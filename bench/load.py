@@ -37,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=200, help="requests per client")
     p.add_argument("--parallel", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="threads per llama-server")
+    p.add_argument(
+        "--vision-batch-tokens",
+        type=int,
+        default=1024,
+        help="as vlembed serve (its default): same-size images in flight share a vision forward",
+    )
     p.add_argument("--out", type=Path, default=REPO / "docs" / "LOAD.md")
     args = p.parse_args(argv)
     from llama_patches.build import cache_root
@@ -46,7 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     model = resolve_model_dir(cache_root() / "models" / "tiny-random", make_tiny=True)
     # one llama-server per task; on 2 cores give each a single thread
     svc = ServeProcess(
-        model, "f32", args.threads, args.parallel, tasks="retrieval,text-matching,code"
+        model,
+        "f32",
+        args.threads,
+        args.parallel,
+        tasks="retrieval,text-matching,code",
+        vision_batch_tokens=args.vision_batch_tokens,
     )
     total = args.clients * args.requests
     reqs = _mixed_requests(total, seed=11)
@@ -94,12 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         "throughput_rps": total / wall,
         "wall_s": wall,
         "parallel_slots": args.parallel,
+        "vision_batch_tokens": args.vision_batch_tokens,
         "threads": args.threads,
     }
     args.out.write_text(
         "# Load test\n\n"
         "Regenerate with `python -m bench.load` (tiny synthetic model, F32, one llama-server per "
-        f"task with {args.parallel} slots and {args.threads} threads, on the 2-core machine).\n"
+        f"task with {args.parallel} slots and {args.threads} threads, "
+        f"`--vision-batch-tokens {args.vision_batch_tokens}`, on the 2-core machine).\n"
         "Mixed requests: text queries, single images, interleaved text+image (multi-vector), "
         "text pairs at a Matryoshka dimension; each result compared with the same request sent "
         "alone.\n\n"

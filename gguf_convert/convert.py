@@ -193,17 +193,22 @@ def convert(
     else:
         write_mmproj_gguf(ckpt, out_dir / mm, dtype, name, progress=say)
     manifest.mmproj[dtype] = mm
-    for q in mmproj_quants or []:
-        # The flat patch weight is named *.weight_flat, which llama-quantize leaves as it is:
-        # 1176 columns are no multiple of a quant block. The MLP is padded to 3584 (tensor_map),
-        # so every other matrix quantises.
-        qname = f"mmproj-{q}.gguf"
+
+    def quantized(src: str, q: str) -> str:
+        """``src`` quantised to ``q`` (made once per source), named like ``src``."""
+        qname = src.replace(f"-{dtype}.gguf", f"-{q}.gguf")
         if _fresh(previous, fingerprint, out_dir, qname):
             say(f"{qname}: up to date")
         else:
             say(f"{qname}: quantising")
-            quantize(out_dir / mm, out_dir / qname, q)
-        manifest.mmproj[q] = qname
+            quantize(out_dir / src, out_dir / qname, q)
+        return qname
+
+    for q in mmproj_quants or []:
+        # The flat patch weight is named *.weight_flat, which llama-quantize leaves as it is:
+        # 1176 columns are no multiple of a quant block. The MLP is padded to 3584 (tensor_map),
+        # so every other matrix quantises.
+        manifest.mmproj[q] = quantized(mm, q)
     for task in wanted:
         files = TaskFiles()
         text = f"text-{task}-{dtype}.gguf"
@@ -222,13 +227,7 @@ def convert(
             )
         files.text[dtype] = text
         for q in quants or []:
-            qname = f"text-{task}-{q}.gguf"
-            if _fresh(previous, fingerprint, out_dir, qname):
-                say(f"{qname}: up to date")
-            else:
-                say(f"{qname}: quantising")
-                quantize(out_dir / text, out_dir / qname, q)
-            files.text[q] = qname
+            files.text[q] = quantized(text, q)
         if ckpt.has_projector:
             proj = f"projector-{task}.npz"
             write_projector(ckpt, task if is_jina else None, out_dir / proj)
