@@ -207,3 +207,20 @@ def test_cli_reports_errors_cleanly(tmp_path: Path) -> None:
     from preprocess_service.cli import main
 
     assert main(["convert", "--hf", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_cli_passes_tower_quantisations_and_reports_errors(
+    tiny_checkpoint: Path, tmp_path: Path, capsys
+) -> None:
+    from gguf_convert.cli import main
+
+    args = ["--hf", str(tiny_checkpoint), "--out", str(tmp_path / "o"), "--task", "retrieval"]
+    assert main([*args, "--mmproj-quant", "IQ4_NL"]) == 2
+    assert "vision tower quantisation 'IQ4_NL'" in capsys.readouterr().err
+    assert main([*args, "--dtype", "f32", "--mmproj-quant", "Q8_0"]) == 0
+    err = capsys.readouterr().err
+    assert "vision: mmproj-f32.gguf, mmproj-Q8_0.gguf" in err
+    assert load_manifest(tmp_path / "o").mmproj == {
+        "f32": "mmproj-f32.gguf",
+        "Q8_0": "mmproj-Q8_0.gguf",
+    }
