@@ -162,35 +162,28 @@ def _kendall_own(a: np.ndarray, b: np.ndarray) -> float:
     return concordant_minus_discordant / denom if denom > 0 else float("nan")
 
 
-def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
-    """Spearman's rank correlation of two equally long score lists (NaN if one is constant)."""
+def _rank_correlation(name: str, a, b, own, scipy_name: str) -> float:
+    """Shared checks of the two rank correlations; scipy when installed, else our own."""
     x = np.asarray(a, dtype=np.float64)
     y = np.asarray(b, dtype=np.float64)
     if len(x) != len(y):
-        raise ValueError(f"spearman needs equal lengths, got {len(x)} and {len(y)}")
+        raise ValueError(f"{name} needs equal lengths, got {len(x)} and {len(y)}")
     if len(x) < 2:
         return float("nan")
     try:
-        from scipy.stats import spearmanr
+        import scipy.stats
     except ImportError:
-        return _spearman_own(x, y)
+        return own(x, y)
     if np.all(x == x[0]) or np.all(y == y[0]):
         return float("nan")  # scipy warns and returns NaN; say it without the warning
-    return float(spearmanr(x, y).statistic)
+    return float(getattr(scipy.stats, scipy_name)(x, y).statistic)
+
+
+def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
+    """Spearman's rank correlation of two equally long score lists (NaN if one is constant)."""
+    return _rank_correlation("spearman", a, b, _spearman_own, "spearmanr")
 
 
 def kendall_tau(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
     """Kendall's tau-b of two equally long score lists (NaN if one is constant)."""
-    x = np.asarray(a, dtype=np.float64)
-    y = np.asarray(b, dtype=np.float64)
-    if len(x) != len(y):
-        raise ValueError(f"kendall_tau needs equal lengths, got {len(x)} and {len(y)}")
-    if len(x) < 2:
-        return float("nan")
-    try:
-        from scipy.stats import kendalltau
-    except ImportError:
-        return _kendall_own(x, y)
-    if np.all(x == x[0]) or np.all(y == y[0]):
-        return float("nan")
-    return float(kendalltau(x, y).statistic)
+    return _rank_correlation("kendall_tau", a, b, _kendall_own, "kendalltau")
