@@ -119,6 +119,47 @@ def _log(msg: str) -> None:
     print(f"[build-server] {msg}", file=sys.stderr, flush=True)
 
 
+def _stderr_fd() -> int | None:
+    """The OS file descriptor behind ``sys.stderr``, or None when it has none.
+
+    Under pytest's ``capsys``, in a Jupyter kernel or with a replaced ``sys.stderr`` (an
+    ``io.StringIO``), ``fileno()`` raises or there is no stream at all; a subprocess cannot write
+    there directly.
+    """
+    stream = sys.stderr
+    if stream is None:
+        return None
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None
+
+
+def _run_to_stderr(cmd: Sequence[str], cwd: Path | None = None) -> int:
+    """Run ``cmd`` with its stdout and stderr going to ``sys.stderr``; return its exit code.
+
+    When ``sys.stderr`` has a real file descriptor the child writes to it directly (progress
+    bars and compiler output appear as they happen). Otherwise the output is piped and copied
+    line by line to ``sys.stderr.write`` (or dropped if there is no ``sys.stderr``).
+    """
+    stream = sys.stderr
+    fd = _stderr_fd()
+    if fd is not None:
+        stream.flush()  # what Python buffered comes before the child's output
+        return subprocess.run(list(cmd), cwd=cwd, stdout=fd, stderr=fd).returncode
+    with subprocess.Popen(
+        list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if stream is not None:
+                stream.write(line.decode("utf-8", errors="replace"))
+        if stream is not None:
+            stream.flush()
+    return proc.returncode
+
+
 def _fetch_sdist(dest_dir: Path) -> Path:
     """The pinned sdist in dest_dir, downloaded with pip if it is not there yet."""
     sdist = dest_dir / SDIST_NAME
@@ -138,10 +179,10 @@ def _fetch_sdist(dest_dir: Path) -> Path:
         str(dest_dir),
         PIN,
     ]
-    res = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
-    if res.returncode != 0 or not sdist.is_file():
+    returncode = _run_to_stderr(cmd)
+    if returncode != 0 or not sdist.is_file():
         raise BuildError(
-            f"could not download {PIN}: `{shlex.join(cmd)}` exited {res.returncode}; "
+            f"could not download {PIN}: `{shlex.join(cmd)}` exited {returncode}; "
             f"put {SDIST_NAME} into {dest_dir} to build offline"
         )
     return sdist
@@ -263,10 +304,10 @@ def build_dir_for(cuda: bool = False, cmake_args: Sequence[str] | None = None) -
 def _run_streamed(cmd: list[str], cwd: Path | None = None) -> None:
     """Run a build step with its output on stderr (progress), failing with the step named."""
     _log(shlex.join(cmd))
-    res = subprocess.run(cmd, cwd=cwd, stdout=sys.stderr, stderr=sys.stderr)
-    if res.returncode != 0:
+    returncode = _run_to_stderr(cmd, cwd=cwd)
+    if returncode != 0:
         raise BuildError(
-            f"`{shlex.join(cmd)}` failed with exit code {res.returncode} (see the output above)"
+            f"`{shlex.join(cmd)}` failed with exit code {returncode} (see the output above)"
         )
 
 
