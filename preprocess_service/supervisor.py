@@ -61,7 +61,21 @@ class ServerSpec:
     # Images of one grid from requests in flight together are encoded in one vision forward, up
     # to this many output tokens (patch 0006; llama.cpp's own default); 1 turns it off.
     vision_batch_tokens: int = 1024
+    # Upper bound of merged image tokens per image (llama-server --image-max-tokens): the server
+    # admits precomputed patches up to 4x this many patches and refuses larger grids with a 400.
+    # Unset, llama.cpp's Qwen2.5-VL default of 4096 tokens (16384 patches) applies, whose window
+    # mask alone is a 1 GiB host buffer per image. Set it from the served model's max_pixels
+    # (max_pixels // 28**2).
+    image_max_tokens: int | None = None
+    # Lower bound (--image-min-tokens); only llama.cpp's own resize of raw images uses it.
+    image_min_tokens: int | None = None
     extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("image_max_tokens", "image_min_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
 
     def argv(self) -> list[str]:
         args = [
@@ -94,6 +108,10 @@ class ServerSpec:
             "--mtmd-batch-max-tokens",
             str(self.vision_batch_tokens),
         ]
+        if self.image_max_tokens is not None:
+            args += ["--image-max-tokens", str(self.image_max_tokens)]
+        if self.image_min_tokens is not None:
+            args += ["--image-min-tokens", str(self.image_min_tokens)]
         if not self.repack:
             args.append("--no-repack")
         if self.threads:
