@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from PIL import Image
+
 from vlembed.client import Client
 from vlembed.constants import MAX_PIXELS, MIN_PIXELS
 from vlembed.errors import ServiceError
@@ -89,10 +91,13 @@ class _FileJob:
 
 
 def _embed_batch(
-    client: Client, job: _FileJob, pages: list[Page], meta: IndexMeta
+    client: Client,
+    job: _FileJob,
+    pages: list[Page],
+    items: list[Image.Image | bytes],
+    meta: IndexMeta,
 ) -> list[PageRecord]:
     """Worker: both vectors of a few pages, turned into stored rows (pooling runs here too)."""
-    items = [p.item for p in pages]
     singles = client.embed(items, task=PASSAGE_TASK)
     multis = client.embed(items, task=PASSAGE_TASK, multivector=True)
     records = []
@@ -246,10 +251,11 @@ def add_paths(
                             done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                             in_flight.difference_update(done)
                             pending = write_ready(pending)
-                        future = pool.submit(_embed_batch, client, job, batch, meta)
+                        items = [page.item for page in batch]
+                        future = pool.submit(_embed_batch, client, job, batch, items, meta)
                         future.add_done_callback(count_page)
                         for page in batch:
-                            page.item = b""  # the worker holds its own reference
+                            page.item = b""  # the worker holds the only reference
                         job.batches.append((batch, future))
                         in_flight.add(future)
                 except UnreadableFileError as exc:

@@ -331,11 +331,10 @@ class PageStore:
             return True
         dim = self.meta.dim
         sub = next(s for s in (dim // 16, dim // 8, dim // 4, 1) if s >= 1 and dim % s == 0)
-        table.create_index(
-            metric="dot",
-            vector_column_name="vector",
-            index_type="IVF_PQ",
-            num_partitions=max(1, int(np.sqrt(n))),
-            num_sub_vectors=sub,
+        from lancedb.index import IvfPq
+
+        config = IvfPq(
+            distance_type="dot", num_partitions=max(1, int(np.sqrt(n))), num_sub_vectors=sub
         )
+        table.create_index("vector", config=config)
         return True
