@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,8 +17,10 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from PIL import Image
 
-from bench.run import REPO, ServeProcess
+from bench.serving import REPO, ServeProcess
+from vlembed.client import image_data_uri as data_uri
 
 
 def _min_cos(got: list[dict], want: list[dict]) -> float:
@@ -29,6 +32,41 @@ def _min_cos(got: list[dict], want: list[dict]) -> float:
         cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
         worst = min(worst, float(cos.min()))
     return worst
+
+
+def _img(w: int, h: int, seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (max(h // 8, 1), max(w // 8, 1), 3), dtype=np.uint8)
+    return Image.fromarray(base).resize((w, h), Image.BILINEAR)
+
+
+def mixed_requests(n: int, seed: int) -> list[dict]:
+    """A reproducible mix of text, image, interleaved and multi-vector requests."""
+    rng = random.Random(seed)
+    imgs = [data_uri(_img(rng.randrange(30, 200), rng.randrange(30, 200), i)) for i in range(6)]
+    out = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            out.append({"input": f"query {i} " + "word " * rng.randrange(1, 30)})
+        elif kind == 1:
+            out.append({"input": [{"image": rng.choice(imgs)}], "task": "retrieval.passage"})
+        elif kind == 2:
+            out.append(
+                {
+                    "input": [
+                        [
+                            {"type": "text", "text": f"doc {i}"},
+                            {"type": "image_url", "image_url": {"url": rng.choice(imgs)}},
+                        ]
+                    ],
+                    "task": "code.passage",
+                    "return_multivector": True,
+                }
+            )
+        else:
+            out.append({"input": ["a", f"b {i}"], "task": "text-matching", "dimensions": 64})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,11 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=REPO / "docs" / "LOAD.md")
     args = p.parse_args(argv)
-    from llama_patches.build import cache_root
-    from preprocess_service.serve import resolve_model_dir
-    from tests.integration.test_service_e2e import _mixed_requests
+    from gguf_convert.resolve import tiny_random_model
 
-    model = resolve_model_dir(cache_root() / "models" / "tiny-random", make_tiny=True)
+    model = tiny_random_model()
     # one llama-server per task; on 2 cores give each a single thread
     svc = ServeProcess(
         model,
@@ -60,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         vision_batch_tokens=args.vision_batch_tokens,
     )
     total = args.clients * args.requests
-    reqs = _mixed_requests(total, seed=11)
+    reqs = mixed_requests(total, seed=11)
     try:
         with httpx.Client(timeout=300, limits=httpx.Limits(max_connections=args.clients)) as c:
             distinct = {json.dumps(r, sort_keys=True): r for r in reqs}

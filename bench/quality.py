@@ -1,7 +1,8 @@
 """Quantisation parity on the bench preset: each GGUF variant vs the PyTorch reference (f32).
 
-Random weights quantise worse than trained ones, so these are pessimistic: seed 004 measured
-trained jina-v4 ViDoRe scores within 0.2 points across F16 / Q4_K_M / IQ4_XS.
+Random weights quantise worse than trained ones, so these are pessimistic: published
+measurements put trained jina-v4 ViDoRe scores within 0.2 points across F16 / Q4_K_M / IQ4_XS
+GGUFs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.run import ServeProcess, data_uri, page_image
+from bench.serving import ServeProcess, page_image
+from vlembed.client import image_data_uri as data_uri
 
 TEXTS = [
     "What was the operating margin in the third quarter?",

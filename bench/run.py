@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -25,10 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.serving import REPO, ServeProcess, page_image, split_variant
+from vlembed.client import image_data_uri as data_uri
+from vlembed.constants import DTYPES
+from vlembed.tasks import IMAGE_TEMPLATE, TEXT_PREFIX
+
 # TEXT[/MMPROJ]: the text GGUF variant and, after a slash, the vision tower's (default: what
 # serve picks). Quantised text and towers are made from the bf16 conversion.
 VARIANTS = (
@@ -42,13 +44,6 @@ VARIANTS = (
     "Q4_K_M/Q4_K_M",
     "IQ4_XS/Q4_K_M",
 )
-DTYPES = ("f32", "f16", "bf16")
-
-
-def split_variant(label: str) -> tuple[str, str]:
-    """ "Q4_K_M/bf16" -> ("Q4_K_M", "bf16"); a bare "Q8_0" -> ("Q8_0", "auto")."""
-    text, _, mmproj = label.partition("/")
-    return text, mmproj or "auto"
 
 
 def stats(samples: list[float]) -> dict[str, float]:
@@ -71,43 +66,16 @@ def timed(fn: Callable[[], object], repeats: int, warmup: int = 1) -> dict[str, 
     return stats(out)
 
 
-def page_image(w: int, h: int, seed: int = 0) -> Image.Image:
-    """A document-like page: text lines and a few boxes, deterministic."""
-    rng = np.random.default_rng(seed)
-    img = Image.new("RGB", (w, h), "white")
-    d = ImageDraw.Draw(img)
-    y = 10
-    while y < h - 20:
-        x = 10
-        while x < w - 40:
-            wlen = int(rng.integers(15, 60))
-            d.rectangle([x, y, x + wlen, y + 8], fill=(30, 30, 30))
-            x += wlen + 8
-        y += 18
-    for _ in range(3):
-        x0, y0 = int(rng.integers(0, w // 2)), int(rng.integers(0, h // 2))
-        d.rectangle(
-            [x0, y0, x0 + w // 4, y0 + h // 6], fill=tuple(int(c) for c in rng.integers(0, 255, 3))
-        )
-    return img
-
-
 def bench_text(n_tokens: int, tokenizer) -> str:
     words = (
         "the invoice total for the third quarter rose sharply while operating costs fell "
         "across every region reported in the annual filing"
     ).split()
     text, i = [], 0
-    while len(tokenizer.encode("Passage: " + " ".join(text)).ids) < n_tokens:
+    while len(tokenizer.encode(TEXT_PREFIX["passage"] + " ".join(text)).ids) < n_tokens:
         text.append(words[i % len(words)])
         i += 1
     return " ".join(text)
-
-
-def data_uri(img: Image.Image) -> str:
-    buf = io.BytesIO()
-    img.save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 # --- the pieces -------------------------------------------------------------------------------
@@ -115,8 +83,8 @@ def data_uri(img: Image.Image) -> str:
 
 def prepare_models(preset: str, cache: Path, variants: list[str]) -> tuple[Path, dict[str, Path]]:
     """The checkpoint and, per variant label, the converted directory that serves it."""
-    from eval.synthetic import make_checkpoint
     from gguf_convert.convert import convert
+    from gguf_convert.synthetic import make_checkpoint
 
     hf = cache / f"{preset}-hf"
     if not (hf / "config.json").is_file():
@@ -191,93 +159,6 @@ def bench_preprocess(repeats: int) -> dict:
     return out
 
 
-class ServeProcess:
-    """``vlembed serve`` in its own process, as users run it."""
-
-    def __init__(
-        self,
-        model_dir: Path,
-        variant: str,
-        threads: int,
-        parallel: int,
-        tasks: str = "retrieval",
-        vision_batch_tokens: int = 1,
-    ) -> None:
-        """``variant`` is a bench label, TEXT[/MMPROJ]. Images are encoded one per vision forward
-        unless ``vision_batch_tokens`` says otherwise, so single-stream numbers stay comparable."""
-        from preprocess_service.supervisor import free_port
-
-        variant, mmproj = split_variant(variant)
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "preprocess_service.cli",
-            "serve",
-            "--model",
-            str(model_dir),
-            "--variant",
-            variant,
-            "--mmproj-variant",
-            mmproj,
-            "--port",
-            str(self.port),
-            "--threads",
-            str(threads),
-            "--parallel",
-            str(parallel),
-            "--tasks",
-            tasks,
-            "--ctx-size",
-            "2048",
-            "--log-level",
-            "warning",
-            "--vision-batch-tokens",
-            str(vision_batch_tokens),
-        ]
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"serve exited: {self.proc.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("serve did not become healthy")
-
-    def post(self, client: httpx.Client, body: dict) -> tuple[float, float]:
-        """(total seconds seen by the client, seconds the service waited on llama-server)."""
-        t = time.perf_counter()
-        r = client.post(self.url + "/v1/embeddings", json=body, timeout=600)
-        total = time.perf_counter() - t
-        r.raise_for_status()
-        return total, float(r.headers["x-backend-time"].removesuffix("ms")) / 1000
-
-    def peak_rss_mb(self) -> float:
-        """Peak resident memory of the llama-server(s) this serve started (VmHWM)."""
-        total = 0
-        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
-        for child in children.split():
-            for line in Path(f"/proc/{child}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    total += int(line.split()[1])
-        return total / 1024
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
 def bench_vlembed(
     dirs: dict[str, Path],
     img: Image.Image,
@@ -317,7 +198,6 @@ def bench_vlembed(
 def bench_raw_path(dirs: dict[str, Path], img: Image.Image, repeats: int, threads: int) -> dict:
     """The upstream raw-image path (llama.cpp's own resize + conv2d) vs precomputed patches,
     straight against llama-server at F32 (no service in between)."""
-    from preprocess_service.backend_wire import encode_patches
     from preprocess_service.image import patchify
     from preprocess_service.supervisor import (
         ManagedServer,
@@ -325,6 +205,7 @@ def bench_raw_path(dirs: dict[str, Path], img: Image.Image, repeats: int, thread
         free_port,
         llama_server_binary,
     )
+    from vlembed.wire import encode_patches
 
     model_dir = dirs.get("f32") or next(iter(dirs.values()))
     manifest = json.loads((model_dir / "manifest.json").read_text())
@@ -349,7 +230,7 @@ def bench_raw_path(dirs: dict[str, Path], img: Image.Image, repeats: int, thread
                     pass
                 time.sleep(0.5)
             marker = client.get(spec.url + "/props").json()["media_marker"]
-            prompt = f"<|im_start|>user\n{marker}Describe the image.<|im_end|>\n"
+            prompt = IMAGE_TEMPLATE.format(image=marker)
             buf = io.BytesIO()
             img.save(buf, "PNG")
             raw = {
@@ -454,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks.json")
     p.add_argument("--markdown", type=Path, default=REPO / "docs" / "BENCHMARKS.md")
     args = p.parse_args(argv)
-    from llama_patches.build import cache_root
+    from vlembed.paths import cache_root
 
     skip = set(filter(None, args.skip.split(",")))
     variants = [v for v in args.variants.split(",") if v]

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 import numpy as np
 from PIL import Image
 
+from vlembed.tasks import API_TASKS, TASKS, Role
+
 if TYPE_CHECKING:
     from eval.reference import ReferenceEmbedder
 
@@ -48,17 +50,6 @@ logger = logging.getLogger(__name__)
 
 Item = str | Image.Image
 """One input: a text, or an RGB page image."""
-
-ApiTask = Literal[
-    "retrieval.query", "retrieval.passage", "text-matching", "code.query", "code.passage"
-]
-API_TASKS: tuple[str, ...] = (
-    "retrieval.query",
-    "retrieval.passage",
-    "text-matching",
-    "code.query",
-    "code.passage",
-)
 
 
 @runtime_checkable
@@ -95,17 +86,11 @@ class Backend(Protocol):
         ...
 
 
-def split_task(task: str) -> tuple[str, Literal["query", "passage"]]:
-    """``"retrieval.query"`` -> (adapter ``"retrieval"``, role ``"query"``).
-
-    ``text-matching`` is symmetric and always reads as a query (jina-v4 uses ``"Query: "``).
-    """
-    if task not in API_TASKS:
+def split_task(task: str) -> tuple[str, Role]:
+    """``"retrieval.query"`` -> (adapter ``"retrieval"``, role ``"query"``)."""
+    if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(API_TASKS)}")
-    if task == "text-matching":
-        return "text-matching", "query"
-    adapter, role = task.split(".")
-    return adapter, "query" if role == "query" else "passage"
+    return TASKS[task]
 
 
 def _item_key(item: Item) -> tuple:
@@ -250,13 +235,13 @@ def parse_spec(spec: str) -> ModelSpec:
 
 
 def open_backend(spec: ModelSpec | str, **http_options: object) -> Backend:
-    """Build the backend a spec names; HTTP options go to :class:`eval.http_client.HttpBackend`."""
+    """Build the backend a spec names; HTTP options go to :class:`vlembed.Client`."""
     if isinstance(spec, str):
         spec = parse_spec(spec)
     if spec.kind == "http":
-        from eval.http_client import HttpBackend
+        from vlembed.client import Client
 
-        return HttpBackend(spec.target or "", **http_options)  # type: ignore[arg-type]
+        return Client(spec.target or "", **http_options)  # type: ignore[arg-type]
     from eval.reference import ReferenceEmbedder
 
     if spec.target is not None:
@@ -288,7 +273,7 @@ def _tiny_random_reference() -> ReferenceBackend:
     import tempfile
 
     from eval.reference import ReferenceEmbedder
-    from eval.synthetic import make_checkpoint
+    from gguf_convert.synthetic import make_checkpoint
 
     logger.warning("model 'reference' is a tiny RANDOM checkpoint: a smoke test, not a score")
     with tempfile.TemporaryDirectory(prefix="vlembed-tiny-") as tmp:

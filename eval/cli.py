@@ -251,7 +251,7 @@ _COMMANDS = {"vidore": _vidore, "make-docs": _make_docs, "local": _local, "parit
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``vlembed eval``; returns the exit status (see the module docstring)."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    from eval.http_client import ServiceError
+    from vlembed.errors import ServiceError
 
     try:
         return _COMMANDS[args.command](args)

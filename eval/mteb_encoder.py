@@ -151,7 +151,7 @@ class VlembedEncoder(AbsEncoder):
         multivector: Score with MaxSim over per-token rows instead of one vector per input.
         dimensions: Matryoshka truncation of the single vector (single-vector mode only).
         **kwargs: HTTP options when ``backend`` is an ``http://`` spec
-            (see :class:`eval.http_client.HttpBackend`).
+            (see :class:`vlembed.Client`).
     """
 
     def __init__(

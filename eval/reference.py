@@ -1,7 +1,7 @@
 """The PyTorch reference embedder: what "correct" means for every vector vlembed produces.
 
 It runs HF transformers 5.x Qwen2.5-VL in float32 on a jina-embeddings-v4 layout directory (real
-or synthetic) or a plain Qwen2.5-VL directory, and reproduces jina-v4's semantics (DESIGN §4):
+or synthetic) or a plain Qwen2.5-VL directory, and reproduces jina-v4's semantics:
 
 - text: ``"Query: "``/``"Passage: "`` + text, no chat template, no BOS; single vector = mean of
   all rows (prefix included), L2-normalised. text-matching always uses ``"Query: "``.
@@ -34,11 +34,11 @@ from torch import nn
 
 from gguf_convert.layout import (
     PROJECTOR_PREFIX,
-    TASKS,
     find_checkpoint_files,
     parse_adapter_key,
     to_hf_key,
 )
+from vlembed.tasks import ordered_adapter_tasks
 
 Role = Literal["query", "passage"]
 Part = str | Image.Image
@@ -187,7 +187,7 @@ class ReferenceEmbedder:
             else:
                 target = self._wrap(key.module, scale)
             (target.a if key.ab == "A" else target.b)[key.task] = t.float()
-        self.tasks = tuple(t for t in TASKS if t in tasks) + tuple(sorted(tasks - set(TASKS)))
+        self.tasks = ordered_adapter_tasks(tasks)
 
     def _wrap(self, hf_module: str, scale: float) -> LoraLinear:
         """Replace ``model.language_model.layers.N.x_proj`` by a LoraLinear (once)."""

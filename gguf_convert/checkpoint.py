@@ -15,12 +15,12 @@ import numpy as np
 
 from gguf_convert.layout import (
     PROJECTOR_PREFIX,
-    TASKS,
     CheckpointFiles,
     find_checkpoint_files,
     parse_adapter_key,
     to_hf_key,
 )
+from vlembed.tasks import ordered_adapter_tasks
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Checkpoint:
     @property
     def tasks(self) -> tuple[str, ...]:
         found = {task for _, task in self.adapters}
-        return tuple(t for t in TASKS if t in found) + tuple(sorted(found - set(TASKS)))
+        return ordered_adapter_tasks(found)
 
     @property
     def has_projector(self) -> bool:

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from gguf_convert.convert import MMPROJ_QUANT_TYPES, QUANT_TYPES, convert
-from gguf_convert.writer import DTYPES
+from gguf_convert.convert import convert
+from vlembed.constants import DTYPES, MMPROJ_QUANT_TYPES, QUANT_TYPES
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,6 @@ and whose checksum still matches is not rewritten, so an interrupted run can sim
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 import sys
 import time
@@ -24,16 +23,12 @@ import numpy as np
 
 from gguf_convert.checkpoint import Checkpoint, open_checkpoint
 from gguf_convert.layout import PROJECTOR_PREFIX
-from gguf_convert.manifest import MANIFEST, Manifest, TaskFiles, load_manifest, sha256_file
 from gguf_convert.vocab import gguf_vocab
-from gguf_convert.writer import DTYPES, write_mmproj_gguf, write_text_gguf
+from gguf_convert.writer import write_mmproj_gguf, write_text_gguf
+from vlembed.constants import DTYPES, MMPROJ_QUANT_TYPES, QUANT_TYPES
+from vlembed.manifest import MANIFEST, Manifest, TaskFiles, load_manifest, sha256_file
+from vlembed.tasks import IMAGE_TEMPLATE, TEXT_PREFIX
 
-PROMPTS = {"query": "Query: ", "passage": "Passage: "}
-IMAGE_PROMPT = "<|im_start|>user\n{image}Describe the image.<|im_end|>\n"
-QUANT_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "IQ4_XS", "IQ4_NL")
-# llama-quantize aborts on a vision tower at the IQ types: their per-tensor rules ask the text
-# model's hyper-parameters (heads per layer), which a clip file does not have.
-MMPROJ_QUANT_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 # Bumped whenever the files written for the same source change (2: vision MLP zero-padded to a
 # multiple of 256), so an earlier conversion is redone rather than reused.
 LAYOUT_VERSION = 2
@@ -160,8 +155,8 @@ def convert(
         ),
         matryoshka_dims=[int(d) for d in ckpt.config.get("matryoshka_dims", [])]
         or [int(tc["hidden_size"])],
-        prompts=dict(PROMPTS),
-        image_prompt=IMAGE_PROMPT,
+        prompts=dict(TEXT_PREFIX),
+        image_prompt=IMAGE_TEMPLATE,
         min_pixels=int(pre.get("min_pixels", 3136)),
         max_pixels=int(pre.get("max_pixels", 602112)),
         patch_size=int(ckpt.config["vision_config"].get("patch_size", 14)),
@@ -237,7 +232,3 @@ def convert(
     (out_dir / MANIFEST).write_text(manifest.to_json())
     say(f"converted {name} ({', '.join(wanted)}) in {time.perf_counter() - start:.1f} s")
     return manifest
-
-
-def describe(manifest: Manifest) -> str:
-    return json.dumps({t: f.text for t, f in manifest.tasks.items()}, indent=2)

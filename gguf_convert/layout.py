@@ -21,7 +21,6 @@ _FLAT_TO_HF: tuple[tuple[str, str], ...] = (
     ("visual.", "model.visual."),
 )
 
-TASKS: tuple[str, ...] = ("retrieval", "text-matching", "code")
 PROJECTOR_PREFIX = "multi_vector_projector."
 
 _ADAPTER_KEY = re.compile(
@@ -74,10 +73,6 @@ class CheckpointFiles:
     root: Path
     weight_files: tuple[Path, ...]
     adapter_dir: Path | None
-
-    @property
-    def is_jina(self) -> bool:
-        return self.adapter_dir is not None
 
 
 def find_checkpoint_files(root: Path) -> CheckpointFiles:

@@ -1,4 +1,4 @@
-"""Write the text GGUF (one per task) and the mmproj GGUF with the pinned tree's gguf-py.
+"""Write the text GGUF (one per task) and the mmproj GGUF with gguf-py's typed writers.
 
 Why gguf-py directly rather than the pinned ``convert_hf_to_gguf.py``: jina-v4 needs three
 things that script does not do — merge a task's LoRA in f32 while streaming, read the flat
@@ -11,7 +11,6 @@ memory stays at one tensor.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,22 +20,16 @@ import numpy as np
 
 from gguf_convert import tensor_map
 from gguf_convert.checkpoint import Checkpoint
-
-DTYPES = ("f32", "f16", "bf16")
+from vlembed import constants
 
 
 def load_gguf() -> ModuleType:
-    """gguf-py from the pinned llama.cpp tree, so constants match the server we build."""
-    from llama_patches.build import pristine_source
+    """gguf-py (the ``gguf`` package of the convert extra): one copy, imported on use.
 
-    path = str(pristine_source() / "gguf-py")
-    if "gguf" in sys.modules and not str(getattr(sys.modules["gguf"], "__file__", "")).startswith(
-        path
-    ):
-        for name in [m for m in sys.modules if m == "gguf" or m.startswith("gguf.")]:
-            del sys.modules[name]
-    if path not in sys.path:
-        sys.path.insert(0, path)
+    Its key names and typed writers are llama.cpp's own; a test converts the same checkpoint
+    with the pinned tree's convert_hf_to_gguf.py and compares the metadata, so a gguf release
+    that drifted from the pinned server would fail there.
+    """
     import gguf
 
     return gguf
@@ -148,9 +141,9 @@ def write_text_gguf(
     w.add_token_list(list(tokens))
     w.add_token_types(list(types))
     w.add_token_merges(merges)
-    w.add_eos_token_id(151645)
-    w.add_pad_token_id(151643)
-    w.add_bos_token_id(151643)
+    w.add_eos_token_id(constants.IM_END_ID)
+    w.add_pad_token_id(constants.ENDOFTEXT_ID)
+    w.add_bos_token_id(constants.ENDOFTEXT_ID)
     w.add_add_bos_token(False)  # jina-v4 prompts carry no BOS
 
     planned: list[Planned] = []
@@ -191,30 +184,21 @@ def write_mmproj_gguf(
     w.add_type("mmproj")
     w.add_name(name)
     w.add_file_type(_file_type(gguf, dtype))
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_uint32("clip.vision.projection_dim", int(vc.get("out_hidden_size", tc["hidden_size"])))
-    w.add_uint32("clip.vision.image_size", 560)  # what the pinned converter writes for Qwen2.5-VL
-    w.add_uint32("clip.vision.patch_size", int(vc.get("patch_size", 14)))
-    w.add_uint32("clip.vision.embedding_length", int(vc["hidden_size"]))
-    w.add_uint32(
-        "clip.vision.feed_forward_length",
-        tensor_map.padded_ffn_width(int(vc["intermediate_size"])),
-    )
-    w.add_uint32("clip.vision.block_count", depth)
-    w.add_uint32("clip.vision.attention.head_count", int(vc["num_heads"]))
-    w.add_array(
-        "clip.vision.image_mean",
-        [float(x) for x in pre.get("image_mean", (0.48145466, 0.4578275, 0.40821073))],
-    )
-    w.add_array(
-        "clip.vision.image_std",
-        [float(x) for x in pre.get("image_std", (0.26862954, 0.26130258, 0.27577711))],
-    )
-    w.add_string("clip.projector_type", "qwen2.5vl_merger")
-    w.add_bool("clip.use_silu", vc.get("hidden_act", "silu") == "silu")
+    w.add_clip_has_vision_encoder(True)
+    w.add_vision_projection_dim(int(vc.get("out_hidden_size", tc["hidden_size"])))
+    w.add_vision_image_size(560)  # what the pinned converter writes for Qwen2.5-VL
+    w.add_vision_patch_size(int(vc.get("patch_size", constants.PATCH_SIZE)))
+    w.add_vision_embedding_length(int(vc["hidden_size"]))
+    w.add_vision_feed_forward_length(tensor_map.padded_ffn_width(int(vc["intermediate_size"])))
+    w.add_vision_block_count(depth)
+    w.add_vision_head_count(int(vc["num_heads"]))
+    w.add_vision_image_mean([float(x) for x in pre.get("image_mean", constants.IMAGE_MEAN)])
+    w.add_vision_image_std([float(x) for x in pre.get("image_std", constants.IMAGE_STD)])
+    w.add_clip_projector_type(gguf.VisionProjectorType.QWEN25VL)
+    w.add_vision_use_silu(vc.get("hidden_act", "silu") == "silu")
     if period:
-        w.add_uint32("clip.vision.n_wa_pattern", period)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", float(tc.get("rms_norm_eps", 1e-6)))
+        w.add_vision_n_wa_pattern(period)
+    w.add_vision_attention_layernorm_eps(float(tc.get("rms_norm_eps", 1e-6)))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
     planned: list[Planned] = []

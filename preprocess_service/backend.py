@@ -1,7 +1,8 @@
-"""Client for the patched llama-servers, and the least-outstanding choice among them.
+"""The service's only HTTP client: the patched llama-servers (and image URLs, when allowed).
 
-All httpx errors and backend statuses are translated to vlembed's typed errors in exactly one
-place (``_translate`` / ``_check_status``). A backend that fails to connect is marked unhealthy
+Backends are chosen least-outstanding first. All httpx errors and backend statuses are
+translated to vlembed's typed errors in this module alone (``_translate`` / ``_check_status`` /
+``fetch_url``). A backend that fails to connect is marked unhealthy
 until the health monitor sees it answer again; its media marker is re-read then, because
 llama-server randomises the marker at every start.
 """
@@ -18,16 +19,41 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from preprocess_service.backend_wire import Rows, WireFormatError, decode_rows, encode_patches
-from preprocess_service.errors import (
+from vlembed.errors import (
     BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
+    ImageError,
     InputTooLargeError,
     InvalidInputError,
 )
+from vlembed.wire import Rows, WireFormatError, decode_rows, encode_patches
 
 log = logging.getLogger("vlembed.backend")
+
+
+async def fetch_url(url: str, max_bytes: int, timeout: float, param: str) -> bytes:
+    """GET an image URL (when the operator allows it), streamed and bounded by ``max_bytes``."""
+    try:
+        async with httpx.AsyncClient(timeout=timeout, follow_redirects=True) as client:
+            async with client.stream("GET", url) as resp:
+                if resp.status_code != 200:
+                    raise ImageError(
+                        f"fetching the image URL gave HTTP {resp.status_code}", param=param
+                    )
+                chunks, size = [], 0
+                async for chunk in resp.aiter_bytes():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise InputTooLargeError(
+                            f"image URL body is over the {max_bytes} byte limit", param=param
+                        )
+                    chunks.append(chunk)
+                return b"".join(chunks)
+    except httpx.HTTPError as exc:
+        raise ImageError(
+            f"could not fetch the image URL ({type(exc).__name__})", param=param
+        ) from exc
 
 
 @dataclass
@@ -70,8 +96,12 @@ class Backend:
         prompt: str,
         images: Sequence[tuple[np.ndarray, tuple[int, int, int]]],
         timeout: float,
+        param: str | None = None,
     ) -> Rows:
-        """Every token's row of one prompt (markers in ``prompt`` where the images go)."""
+        """Every token's row of one prompt (markers in ``prompt`` where the images go).
+
+        ``param`` names the request item, for the errors of a backend that refuses it.
+        """
         content: dict[str, object] = {"prompt_string": prompt}
         if images:
             content["multimodal_patches"] = [encode_patches(p, g) for p, g in images]
@@ -80,7 +110,7 @@ class Backend:
             resp = await self.client.post(f"{self.url}/embeddings", json=body, timeout=timeout)
         except httpx.HTTPError as exc:
             raise self._translate(exc) from exc
-        self._check_status(resp)
+        self._check_status(resp, param)
         try:
             rows = decode_rows(resp.content)
         except WireFormatError as exc:
@@ -100,7 +130,7 @@ class Backend:
         # the caller retries, and a real crash shows up as ConnectError on that retry
         return BackendUnavailableError(f"backend {self.url} is unavailable ({type(exc).__name__})")
 
-    def _check_status(self, resp: httpx.Response) -> None:
+    def _check_status(self, resp: httpx.Response, param: str | None = None) -> None:
         if resp.status_code == 200:
             return
         try:
@@ -109,8 +139,8 @@ class Backend:
             message = resp.text[:500]
         if resp.status_code == 400:
             if "too large" in message or "context" in message:
-                raise InputTooLargeError(f"input rejected by the backend: {message}")
-            raise InvalidInputError(f"input rejected by the backend: {message}")
+                raise InputTooLargeError(f"input rejected by the backend: {message}", param=param)
+            raise InvalidInputError(f"input rejected by the backend: {message}", param=param)
         if resp.status_code == 503:
             self.healthy = False
             raise BackendUnavailableError(f"backend {self.url} is loading or busy: {message}")

@@ -38,8 +38,7 @@ import warnings
 import numpy as np
 from PIL import Image
 
-from preprocess_service.constants import (
-    HALF_PATCH_DIM,
+from vlembed.constants import (
     IMAGE_FORMATS,
     IMAGE_MEAN,
     IMAGE_STD,
@@ -54,15 +53,16 @@ from preprocess_service.constants import (
     RESIZE_FACTOR,
     TEMPORAL_PATCH_SIZE,
 )
-from preprocess_service.errors import ImageError
+from vlembed.errors import ImageError
+from vlembed.pixels import to_rgb
 
 __all__ = [
     "Grid",
     "decode_image",
-    "half_to_rows",
+    "image_grid",
+    "load_rgb",
+    "open_image",
     "patchify",
-    "patchify_half",
-    "rows_to_half",
     "smart_resize",
     "to_rgb",
 ]
@@ -93,43 +93,37 @@ def _decodable_formats() -> tuple[str, ...]:
 def decode_image(
     data: bytes | bytearray | memoryview, *, max_pixels_decoded: int = MAX_DECODED_PIXELS
 ) -> Image.Image:
-    """Decode client bytes into the RGB image HF's processor would work on.
+    """Decode client bytes into the RGB image jina-embeddings-v4 embeds for that file.
 
-    The result equals ``to_rgb(PIL.Image.open(io.BytesIO(data)))``, i.e. what HF's
-    ``convert_to_rgb`` makes of an image the user opened with Pillow. Deliberately **not**
-    applied: EXIF orientation (HF does not apply it to PIL inputs; ``Image.open`` does not
-    either), so a rotated-by-EXIF JPEG is embedded as stored, exactly like the reference. Only
-    the first frame of animated or multi-page files is used, as with ``np.array(image)``.
+    ``load_rgb(open_image(data))``: the result equals
+    ``PIL.Image.open(io.BytesIO(data)).convert("RGB")``, which is how the model's own loader
+    (``encode_image`` with a path or URL) opens a file: transparency is dropped, not composited
+    onto white, and no EXIF orientation is applied. Bytes that reach the service are the
+    path/URL case. (A PIL object handed straight to the HF processor gets ``to_rgb`` instead,
+    transparency onto white: ``vlembed.Client`` applies that before it sends a PIL image.)
+    Only the first frame of animated or multi-page files is used.
+    """
+    return load_rgb(open_image(data, max_pixels_decoded=max_pixels_decoded))
 
-    Safety, all before or during decoding:
+
+def open_image(
+    data: bytes | bytearray | memoryview, *, max_pixels_decoded: int = MAX_DECODED_PIXELS
+) -> Image.Image:
+    """Read the header only: format, size and the decoded-pixel limit, before any pixel.
+
+    Safety, all before decoding:
 
     * only ``IMAGE_FORMATS`` are tried (EPS would run Ghostscript, other plugins are legacy
       attack surface);
-    * the declared size is checked against ``max_pixels_decoded`` from the header, before any
-      pixel is decoded. Pillow's own check (``Image.MAX_IMAGE_PIXELS``) stays in force as
-      well, so the effective ceiling is ``min(max_pixels_decoded, 2 * MAX_IMAGE_PIXELS)``;
-    * the whole image is loaded here, so corrupt or truncated data fails here and not later
-      in the pipeline. Truncated files are refused unless someone set Pillow's process-wide
-      ``ImageFile.LOAD_TRUNCATED_IMAGES``, which this module never does.
+    * the declared size is checked against ``max_pixels_decoded``. Pillow's own check
+      (``Image.MAX_IMAGE_PIXELS``) stays in force as well, so the effective ceiling is
+      ``min(max_pixels_decoded, 2 * MAX_IMAGE_PIXELS)``.
 
-    Every exception Pillow raises on bad input (``OSError``, ``SyntaxError``, ``ValueError``,
-    ``struct.error``, ``DecompressionBombError``, ...) becomes an ``ImageError`` chained to the
-    original; ``MemoryError`` is re-raised as is because it is not the client's fault. Warnings
-    Pillow emits while decoding (``DecompressionBombWarning``, corrupt EXIF, ...) are captured
-    and logged at debug level instead of reaching the warnings machinery. ``catch_warnings`` is
-    process-global before Python 3.14: a warning another thread emits in that window is logged
-    here too, nothing worse.
-
-    Args:
-        data: The encoded file, as received.
-        max_pixels_decoded: Largest ``width * height`` accepted, checked on the header.
-
-    Returns:
-        A fully loaded RGB ``PIL.Image.Image`` (the input object itself for a plain RGB file).
+    The returned image is lazily opened: its ``size`` is known, its pixels are not decoded, so
+    the caller can check its token budget first.
 
     Raises:
-        ImageError: Empty, unrecognised, unsupported, corrupt, truncated or oversized data,
-            or an image mode HF cannot convert to RGB.
+        ImageError: Empty, unrecognised, unsupported or oversized data.
         TypeError: ``data`` is not bytes-like.
         ValueError: ``max_pixels_decoded`` is not positive.
     """
@@ -139,14 +133,47 @@ def decode_image(
         raise ValueError(f"max_pixels_decoded must be positive, got {max_pixels_decoded}")
     if len(data) == 0:
         raise ImageError("image data is empty")
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         image = _open_checked(data, max_pixels_decoded)
-        image = _load_rgb(image)
+    _log_warnings(caught)
+    return image
+
+
+def load_rgb(image: Image.Image) -> Image.Image:
+    """Decode an opened image's pixels and convert them to RGB as the model's loader does.
+
+    The whole image is loaded here, so corrupt or truncated data fails here and not later in
+    the pipeline. Truncated files are refused unless someone set Pillow's process-wide
+    ``ImageFile.LOAD_TRUNCATED_IMAGES``, which this module never does. Every exception Pillow
+    raises on bad input becomes an ``ImageError`` chained to the original; ``MemoryError`` is
+    re-raised as is because it is not the client's fault. Warnings Pillow emits while decoding
+    are logged at debug level (``catch_warnings`` is process-global before Python 3.14: a
+    warning another thread emits in that window is logged here too, nothing worse).
+
+    Raises:
+        ImageError: Corrupt or truncated data, or a mode Pillow cannot convert to RGB.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            image.load()
+        except MemoryError:
+            raise
+        except Exception as exc:  # truncated/corrupt streams raise OSError, zlib errors, ...
+            raise ImageError(f"corrupt or truncated {image.format} image: {exc}") from exc
+    _log_warnings(caught)
+    if image.mode == "RGB":
+        return image
+    try:
+        return image.convert("RGB")
+    except ValueError as exc:  # "conversion from La to RGB not supported"
+        raise ImageError(f"unsupported image mode {image.mode!r}: {exc}") from exc
+
+
+def _log_warnings(caught: list[warnings.WarningMessage]) -> None:
     for warning in caught:
         logger.debug("Pillow warning while decoding an image: %s", warning.message)
-    return image
 
 
 def _open_checked(data: bytes | bytearray | memoryview, max_pixels_decoded: int) -> Image.Image:
@@ -174,51 +201,6 @@ def _open_checked(data: bytes | bytearray | memoryview, max_pixels_decoded: int)
             f"{max_pixels_decoded} decoded pixels"
         )
     return image
-
-
-def _load_rgb(image: Image.Image) -> Image.Image:
-    """Decode the pixels of an opened image and convert them to RGB like HF."""
-    try:
-        image.load()
-        return to_rgb(image)
-    except (ImageError, MemoryError):
-        raise
-    except Exception as exc:  # truncated/corrupt streams raise OSError, ValueError, zlib errors
-        raise ImageError(f"corrupt or truncated {image.format} image: {exc}") from exc
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    """Convert any Pillow mode to RGB exactly as HF's ``convert_to_rgb`` does.
-
-    HF's rule (transformers 5.x ``image_transforms.convert_to_rgb``), reproduced with the same
-    Pillow calls so that the pixels are identical by construction:
-
-    * alpha if ``"A"`` is one of ``image.getbands()`` or ``image.info["transparency"]`` is set
-      (RGBA, LA, PA, P/L/RGB with a tRNS chunk or GIF transparency): convert to RGBA,
-      ``alpha_composite`` onto opaque white, convert to RGB. Quirk kept on purpose: LAB's
-      ``"A"`` band (the green-red axis) counts as alpha too, and Pillow's LAB -> RGBA carries
-      LAB's hidden 4th byte as alpha. That byte is 255 in decoded files (no effect) but holds
-      the old alpha of a LAB image converted from RGBA in memory, which then gets whitened.
-    * otherwise ``image.convert("RGB")``: L, 1, P, CMYK, YCbCr, HSV, RGBX and premultiplied
-      RGBa convert with Pillow's rules; I, I;16 and F are clipped to 0..255, not rescaled
-      (a 16-bit grey PNG comes out mostly white -- as in HF).
-
-    A plain RGB image without transparency is returned as is (HF copies it; same pixels).
-
-    Raises:
-        ImageError: Pillow cannot convert this mode (e.g. ``La``), which HF cannot either.
-    """
-    has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
-    try:
-        if has_alpha:
-            rgba = image.convert("RGBA")
-            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-            return Image.alpha_composite(white, rgba).convert("RGB")
-        if image.mode == "RGB":
-            return image
-        return image.convert("RGB")
-    except ValueError as exc:  # "conversion from La to RGB not supported"
-        raise ImageError(f"unsupported image mode {image.mode!r}: {exc}") from exc
 
 
 # --- geometry -------------------------------------------------------------------------------
@@ -304,6 +286,19 @@ def _normalisation_table() -> np.ndarray:
 _NORMALISED = _normalisation_table()
 
 
+def image_grid(
+    width: int, height: int, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS
+) -> Grid:
+    """The patch grid an image of this size gets, from its header alone (no pixels needed).
+
+    Its merged-token count is ``h * w // MERGE_SIZE**2``: what the image costs in a prompt.
+    """
+    resized_height, resized_width = smart_resize(
+        height, width, factor=RESIZE_FACTOR, min_pixels=min_pixels, max_pixels=max_pixels
+    )
+    return (1, resized_height // PATCH_SIZE, resized_width // PATCH_SIZE)
+
+
 def _resized_pixels(image: Image.Image, min_pixels: int, max_pixels: int) -> np.ndarray:
     """RGB-convert and BICUBIC-resize like HF; return ``[H, W, 3]`` uint8."""
     if not isinstance(image, Image.Image):
@@ -368,8 +363,7 @@ def patchify(
     Returns:
         ``(rows, grid)``: C-contiguous float32 ``[t*h*w, 1176]`` with each row laid out
         ``[C=3, T=2, 14, 14]`` in merge-block order, and ``grid = (1, h, w)`` in patches
-        (``h`` and ``w`` even). Both temporal halves of every row are identical; see
-        ``patchify_half`` for the 588-wide form.
+        (``h`` and ``w`` even). Both temporal halves of every row are identical.
 
     Raises:
         ImageError: Zero size, aspect ratio over 200, or a mode HF cannot convert.
@@ -381,69 +375,3 @@ def patchify(
     for frame in range(TEMPORAL_PATCH_SIZE):
         rows[:, :, frame, :] = by_row
     return rows.reshape(n_rows, PATCH_DIM), grid
-
-
-def patchify_half(
-    image: Image.Image, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS
-) -> tuple[np.ndarray, Grid]:
-    """The compact wire form: one temporal half of every row, ``[N, 588]`` float32.
-
-    HF tiles a still image to T=2 frames, so every 1176-wide row is ``[C, T, 14, 14]`` with
-    ``row[c, 0] == row[c, 1]`` bit for bit. Sending only ``[C, 14, 14]`` halves the payload and
-    loses nothing: ``half_to_rows(patchify_half(img)[0])`` equals ``patchify(img)[0]``
-    exactly. It is also cheaper to compute (half the float32 writes).
-
-    Returns:
-        ``(half, grid)``: C-contiguous float32 ``[t*h*w, 588]``, each row ``[C=3, 14, 14]``,
-        rows in the same merge-block order as ``patchify``; the same grid.
-
-    Raises:
-        ImageError: As ``patchify``.
-    """
-    half, grid = _channel_major_half(image, min_pixels, max_pixels)
-    n_rows = half.shape[1]
-    return np.ascontiguousarray(half.transpose(1, 0, 2)).reshape(n_rows, HALF_PATCH_DIM), grid
-
-
-def half_to_rows(half: np.ndarray) -> np.ndarray:
-    """Expand ``[N, 588]`` halves to full ``[N, 1176]`` rows by tiling each channel to T=2.
-
-    Raises:
-        ValueError: ``half`` is not a 2-D float32 array with 588 columns.
-    """
-    if half.ndim != 2 or half.shape[1] != HALF_PATCH_DIM or half.dtype != np.float32:
-        raise ValueError(
-            f"expected float32 [N, {HALF_PATCH_DIM}] halves, got {half.dtype} {half.shape}"
-        )
-    n_rows = half.shape[0]
-    rows = np.empty((n_rows, _CHANNELS, TEMPORAL_PATCH_SIZE, _PATCH_AREA), dtype=np.float32)
-    by_channel = half.reshape(n_rows, _CHANNELS, _PATCH_AREA)
-    for frame in range(TEMPORAL_PATCH_SIZE):
-        rows[:, :, frame, :] = by_channel
-    return rows.reshape(n_rows, PATCH_DIM)
-
-
-def rows_to_half(rows: np.ndarray) -> np.ndarray:
-    """Compact full ``[N, 1176]`` rows to ``[N, 588]``, checking that nothing is lost.
-
-    The temporal halves are compared bit for bit (as uint32), so ``-0.0`` vs ``0.0`` or
-    differing NaN payloads count as different: the compact form must round-trip exactly.
-
-    Raises:
-        ValueError: ``rows`` is not float32 ``[N, 1176]``, or some row's two temporal halves
-            differ (the rows do not come from a still image tiled to T=2).
-    """
-    if rows.ndim != 2 or rows.shape[1] != PATCH_DIM or rows.dtype != np.float32:
-        raise ValueError(f"expected float32 [N, {PATCH_DIM}] rows, got {rows.dtype} {rows.shape}")
-    n_rows = rows.shape[0]
-    by_frame = rows.reshape(n_rows, _CHANNELS, TEMPORAL_PATCH_SIZE, _PATCH_AREA)
-    bits = by_frame.view(np.uint32)
-    for frame in range(1, TEMPORAL_PATCH_SIZE):
-        differs = np.any(bits[:, :, frame, :] != bits[:, :, 0, :], axis=(1, 2))
-        if differs.any():
-            first = int(np.flatnonzero(differs)[0])
-            raise ValueError(
-                f"temporal halves differ in {int(differs.sum())} of {n_rows} rows "
-                f"(first: row {first}); these are not rows of a still image"
-            )
-    return np.ascontiguousarray(by_frame[:, :, 0, :]).reshape(n_rows, HALF_PATCH_DIM)

@@ -1,10 +1,12 @@
-"""From per-token rows to the vectors users get (DESIGN §4), in float32.
+"""From per-token rows to the vectors users get, as jina-embeddings-v4 pools them.
+
+Means are accumulated in float64 and returned as float32 (llama.cpp's rows are float32).
 
 Single vector: the mean over a span of rows (every row for text and interleaved content, the
 vision span ``<|vision_start|>`` … ``<|vision_end|>`` for image-only inputs), optionally
 truncated to a Matryoshka dimension, then L2-normalised. Multi-vector: the task's projector on
 every row, each row L2-normalised. Pooling runs here, not in llama.cpp, because llama.cpp's MEAN
-pooling cannot span the several decode calls an image prompt takes (seed 000).
+pooling averages per decode call (ubatch), and an image prompt takes several.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from preprocess_service.backend_wire import Rows
+from vlembed.wire import Rows
 
 
 def _span_all(rows: Rows) -> tuple[int, int]:

@@ -1,8 +1,10 @@
-"""Prompts: which string the backend sees for a text, an image or interleaved content.
+"""Prompts: which string the backend tokenizes for a text, an image or interleaved content.
 
-jina-embeddings-v4 semantics (DESIGN §4); must equal ``eval/reference.py``, which is the check.
-The image placeholder is the backend's media marker; mtmd wraps each image in
-``<|vision_start|>`` … ``<|vision_end|>`` itself.
+The templates are the contract's (``vlembed.tasks``); ``eval/reference.py`` spells them again
+independently and is the check. A prompt is kept as segments, text and image slots, until the
+backend is chosen: the slot becomes that llama-server's media marker (randomised per start), and
+no text a client sends can become a slot, whatever characters it holds. mtmd wraps each image
+in ``<|vision_start|>`` … ``<|vision_end|>`` itself.
 """
 
 from __future__ import annotations
@@ -10,47 +12,62 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Role = Literal["query", "passage"]
+from vlembed.errors import InvalidInputError
+from vlembed.tasks import CONTENT_TEMPLATE, IMAGE_TEMPLATE, VISION_WRAP, Role, text_prefix
 
-# Jina API task names -> (adapter task, text role)
-TASKS: dict[str, tuple[str, Role]] = {
-    "retrieval.query": ("retrieval", "query"),
-    "retrieval.passage": ("retrieval", "passage"),
-    "text-matching": ("text-matching", "query"),
-    "code.query": ("code", "query"),
-    "code.passage": ("code", "passage"),
-}
-TEXT_PREFIX: dict[Role, str] = {"query": "Query: ", "passage": "Passage: "}
-IMAGE_TEMPLATE = "<|im_start|>user\n{image}Describe the image.<|im_end|>\n"
-CONTENT_TEMPLATE = "<|im_start|>user\n{parts}<|im_end|>\n"
-# what mtmd puts around each image; counted as text tokens of the prompt
-VISION_WRAP = "<|vision_start|><|vision_end|>"
+IMAGE = None
+"""An image slot among a prompt's segments."""
+
+Segment = str | None
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """The text the backend tokenizes (``marker`` where each image goes) and how to pool it."""
+    """Text segments and image slots (``None``) in prompt order, and how to pool the rows."""
 
-    text: str
-    n_images: int
+    segments: tuple[Segment, ...]
     pool: Literal["all", "vision"]  # mean over every row, or over the vision span
 
+    @property
+    def n_images(self) -> int:
+        return sum(s is IMAGE for s in self.segments)
 
-def text_prompt(text: str, task: str, role: Role) -> Prompt:
-    """``Query: …``/``Passage: …``; text-matching is symmetric and always uses the query prefix."""
-    prefix = TEXT_PREFIX["query"] if task == "text-matching" else TEXT_PREFIX[role]
-    return Prompt(prefix + text, 0, "all")
+    def counted_text(self) -> str:
+        """The prompt as the backend tokenizes it, minus the image tokens themselves."""
+        return "".join(VISION_WRAP if s is IMAGE else s for s in self.segments)
+
+    def for_backend(self, marker: str, param: str = "input") -> str:
+        """The prompt string with ``marker`` in every image slot.
+
+        Raises:
+            InvalidInputError: a text segment contains the marker, which would make the backend
+                see an image the client never sent.
+        """
+        if any(s is not IMAGE and marker in s for s in self.segments):
+            raise InvalidInputError(f"text must not contain {marker!r}", param=param)
+        return "".join(marker if s is IMAGE else s for s in self.segments)
 
 
-def image_prompt(marker: str) -> Prompt:
-    return Prompt(IMAGE_TEMPLATE.format(image=marker), 1, "vision")
+def _template(template: str, body: tuple[Segment, ...]) -> tuple[Segment, ...]:
+    """``template`` with ``{}`` replaced by the segments of ``body``."""
+    head, tail = template.split("{}")
+    return (head, *body, tail)
 
 
-def content_prompt(parts: list[str | None], marker: str) -> Prompt:
+def text_prompt(text: str, adapter_task: str, role: Role) -> Prompt:
+    """``Query: …``/``Passage: …`` (no chat template, no BOS), pooled over every row."""
+    return Prompt((text_prefix(adapter_task, role) + text,), "all")
+
+
+def image_prompt() -> Prompt:
+    """One image alone: the chat template with the fixed instruction, pooled over the image."""
+    return Prompt(_template(IMAGE_TEMPLATE.format(image="{}"), (IMAGE,)), "vision")
+
+
+def content_prompt(parts: list[Segment]) -> Prompt:
     """Interleaved content: ``None`` marks an image. One image alone is the image prompt."""
-    n_images = sum(p is None for p in parts)
-    if n_images == 1 and len(parts) == 1:
-        return image_prompt(marker)
-    body = "".join(marker if p is None else p for p in parts)
-    has_text = any(p is not None for p in parts)
-    return Prompt(CONTENT_TEMPLATE.format(parts=body), n_images, "all" if has_text else "vision")
+    if parts == [IMAGE]:
+        return image_prompt()
+    has_text = any(p is not IMAGE for p in parts)
+    body = _template(CONTENT_TEMPLATE.format(parts="{}"), tuple(parts))
+    return Prompt(body, "all" if has_text else "vision")

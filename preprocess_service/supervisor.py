@@ -7,7 +7,6 @@ unhealthy meanwhile, so requests get a clean 503 (or go to another replica) inst
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
@@ -179,13 +178,3 @@ class ManagedServer:
             if self.proc.poll() is None:  # ignored SIGTERM: force it
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=timeout)
-
-
-async def wait_until(predicate, timeout: float, interval: float = 0.2) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await predicate():
-            return True
-        await asyncio.sleep(interval)
-    return False

@@ -26,7 +26,7 @@ def vocab_gguf(llama_source: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory, vocab_gguf: Path) -> Path:
-    from eval.synthetic import make_checkpoint
+    from gguf_convert.synthetic import make_checkpoint
 
     return make_checkpoint(
         tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", 0, vocab_gguf=vocab_gguf
@@ -35,7 +35,7 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory, vocab_gguf: Path) 
 
 @pytest.fixture(scope="session")
 def tiny_plain_checkpoint(tmp_path_factory: pytest.TempPathFactory, vocab_gguf: Path) -> Path:
-    from eval.synthetic import make_checkpoint
+    from gguf_convert.synthetic import make_checkpoint
 
     return make_checkpoint(
         tmp_path_factory.mktemp("ckpt") / "tiny-plain",

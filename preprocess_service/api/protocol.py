@@ -1,7 +1,7 @@
 """Wire types of the embeddings API (OpenAI-compatible, plus Jina's fields). Pydantic only.
 
-``to_jobs``/``to_options`` turn a request into the pipeline's internal types; image strings are
-resolved separately (``inputs.py``) because that can mean I/O.
+``validate.py`` turns a parsed request into the pipeline's input; the response models here are
+what the routes return, so the OpenAPI schema is the wire format.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from vlembed.tasks import ApiTask
 
 
 class _Strict(BaseModel):
@@ -52,10 +54,6 @@ class ContentInput(_Strict):
 
 InputItem = str | TextInput | ImageInput | ContentInput | list[ContentPart]
 
-Task = Literal[
-    "retrieval.query", "retrieval.passage", "text-matching", "code.query", "code.passage"
-]
-
 
 class EmbeddingRequest(BaseModel):
     """POST /v1/embeddings. Unknown top-level fields are ignored, as OpenAI clients send extras."""
@@ -65,32 +63,21 @@ class EmbeddingRequest(BaseModel):
     )
     model: str | None = Field(None, description="Ignored beyond a check that it is a string.")
     encoding_format: Literal["float", "base64"] | None = Field(
-        None, description="OpenAI: float list or base64 of little-endian float32."
+        None,
+        description="Transport: JSON numbers, or base64 of the little-endian numbers (a "
+        "multi-vector is one string of its rows, row-major).",
     )
     embedding_type: Literal["float", "base64", "binary", "ubinary"] | None = Field(
-        None, description="Jina: float, base64, or sign bits packed MSB-first (int8/uint8)."
+        None,
+        description="Numeric type: float32, or sign bits packed MSB-first as int8 (binary) or "
+        "uint8 (ubinary). Jina's older 'base64' means float32 sent as base64.",
     )
     dimensions: int | None = Field(None, description="Matryoshka truncation (manifest dims).")
     user: str | None = None
-    task: Task = Field("retrieval.query", description="Adapter and prompt role.")
+    task: ApiTask = Field("retrieval.query", description="Adapter and prompt role.")
     return_multivector: bool = Field(False, description="One projected row per token.")
     normalized: bool = Field(True, description="L2-normalise the output vectors.")
     truncate: bool = Field(False, description="Cut over-long texts instead of answering 413.")
-
-    def resolved_embedding_type(self) -> str:
-        if (
-            self.embedding_type
-            and self.encoding_format
-            and self.embedding_type != self.encoding_format
-        ):
-            from preprocess_service.errors import InvalidInputError
-
-            raise InvalidInputError(
-                f"encoding_format {self.encoding_format!r} contradicts embedding_type "
-                f"{self.embedding_type!r}",
-                param="embedding_type",
-            )
-        return self.embedding_type or self.encoding_format or "float"
 
 
 class EmbeddingData(BaseModel):
@@ -125,7 +112,13 @@ class ErrorResponse(BaseModel):
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
+    created: int = 0
     owned_by: str = "vlembed"
+    revision: str | None = Field(None, description="Fingerprint of the converted checkpoint.")
+    min_pixels: int | None = Field(None, description="Smallest resized image area (pixels).")
+    max_pixels: int | None = Field(
+        None, description="Largest resized image area: larger images are resized down to it."
+    )
     tasks: list[str]
     dimensions: list[int]
     multi_vector_dim: int | None

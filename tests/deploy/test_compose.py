@@ -412,8 +412,7 @@ def _convert_argv(compose: dict[str, Any]) -> list[str]:
 
 def test_convert_command_parses_with_the_convert_cli(env: dict[str, str]) -> None:
     from gguf_convert.cli import build_parser
-    from gguf_convert.convert import QUANT_TYPES
-    from gguf_convert.writer import DTYPES
+    from vlembed.constants import DTYPES, QUANT_TYPES
 
     compose = load_compose(env)
     argv = _convert_argv(compose)

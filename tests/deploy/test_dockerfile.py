@@ -73,11 +73,11 @@ def test_llama_server_is_built_by_vlembed_build_server(stages: dict[str, Stage])
 
 
 def _pyproject_cli_subcommands() -> set[str]:
-    from preprocess_service.cli import _DELEGATED, build_parser
+    from vlembed.cli import COMMANDS, build_parser
 
-    assert _pyproject()["project"]["scripts"]["vlembed"] == "preprocess_service.cli:main"
+    assert _pyproject()["project"]["scripts"]["vlembed"] == "vlembed.cli:main"
     build_parser()  # the subcommand table is consistent
-    return set(_DELEGATED)
+    return set(COMMANDS)
 
 
 def test_no_stage_and_no_script_compiles_by_itself(stages: dict[str, Stage]) -> None:
@@ -153,7 +153,8 @@ def test_convert_image_has_the_convert_extra(stages: dict[str, Stage]) -> None:
 
 
 def test_every_package_is_copied_where_it_is_installed(stages: dict[str, Stage]) -> None:
-    packages = set(_pyproject()["tool"]["setuptools"]["packages"])
+    include = _pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in include}
     needed = packages | {"pyproject.toml", "README.md"}
     for name in ("llama-build", "api-build"):
         copied = {src.rstrip("/") for c in stages[name].of("COPY") for src in c.value[:-1]}
@@ -188,7 +189,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
         "preprocess_service/__pycache__/x.pyc",
     ):
         assert dockerignore_excludes(rel, patterns), rel
-    for rel in ("pyproject.toml", "preprocess_service/cli.py", "docker/serve-entrypoint.sh"):
+    for rel in ("pyproject.toml", "vlembed/cli.py", "docker/serve-entrypoint.sh"):
         assert not dockerignore_excludes(rel, patterns), rel
 
 

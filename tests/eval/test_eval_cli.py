@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("mteb", reason="needs the eval extra (mteb)")
 pytest.importorskip("matplotlib", reason="needs the eval extra (matplotlib)")
 
-from preprocess_service.cli import main as vlembed  # noqa: E402
+from vlembed.cli import main as vlembed  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -154,7 +154,7 @@ def test_vidore_offline_names_the_missing_dataset(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "preprocess_service.cli",
+            "vlembed.cli",
             "eval",
             "vidore",
             "--tasks",

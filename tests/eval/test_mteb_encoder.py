@@ -25,10 +25,10 @@ from mteb.models.model_meta import ScoringFunction  # noqa: E402
 from mteb.types import PromptType  # noqa: E402
 
 from eval import scoring  # noqa: E402
-from eval.http_client import HttpBackend  # noqa: E402
 from eval.local_task import LOCAL_TASK_NAME, local_task  # noqa: E402
 from eval.mteb_encoder import VlembedEncoder, _batch_items, api_task  # noqa: E402
 from eval.mteb_run import evaluate, split_scores  # noqa: E402
+from vlembed.client import Client as HttpBackend  # noqa: E402
 
 
 def test_protocol_and_honest_meta(tiny_backend) -> None:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from gguf_convert.convert import convert
-from gguf_convert.manifest import load_manifest
 from gguf_convert.tensor_map import padded_ffn_width
 from gguf_convert.writer import load_gguf
+from vlembed.manifest import load_manifest
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +204,7 @@ def test_errors(tiny_checkpoint: Path, tmp_path: Path) -> None:
 
 
 def test_cli_reports_errors_cleanly(tmp_path: Path) -> None:
-    from preprocess_service.cli import main
+    from vlembed.cli import main
 
     assert main(["convert", "--hf", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
 

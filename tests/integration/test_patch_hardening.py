@@ -27,8 +27,8 @@ import pytest
 from PIL import Image
 
 from preprocess_service.image import patchify
-from preprocess_service.prompts import IMAGE_TEMPLATE
 from preprocess_service.supervisor import ManagedServer, ServerSpec, free_port
+from vlembed.tasks import IMAGE_TEMPLATE
 
 from .conftest import backend_rows, row_cosines, run
 

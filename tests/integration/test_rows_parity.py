@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from preprocess_service.image import patchify
-from preprocess_service.prompts import IMAGE_TEMPLATE
+from vlembed.tasks import IMAGE_TEMPLATE
 
 from .conftest import backend_rows, row_cosines, run
 
@@ -205,7 +205,7 @@ def test_upstream_raw_image_path_side_by_side(retrieval_server, tiny_reference) 
             timeout=60,
         )
         assert r.status_code == 200, r.text[:300]
-        from preprocess_service.backend_wire import decode_rows
+        from vlembed.wire import decode_rows
 
         rows = decode_rows(r.content)
         ref = tiny_reference.encode_image(img)

@@ -7,6 +7,7 @@ at F32, for text query/passage, image, interleaved, two images, each task, each 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import os
 import random
@@ -23,7 +24,9 @@ import pytest
 import uvicorn
 from PIL import Image
 
-from preprocess_service.serve import build_parser, build_state
+from bench.load import mixed_requests
+from preprocess_service.serve import build_state
+from preprocess_service.settings import parse_settings
 from preprocess_service.supervisor import free_port
 
 pytestmark = pytest.mark.integration
@@ -45,7 +48,7 @@ def _uri(img: Image.Image) -> str:
 class LiveService:
     def __init__(self, model_dir: Path, extra: list[str]) -> None:
         port = free_port()
-        args = build_parser().parse_args(
+        args = parse_settings(
             [
                 "--model",
                 str(model_dir),
@@ -63,7 +66,7 @@ class LiveService:
         from preprocess_service.api.app import create_app
 
         self.state = build_state(args)
-        self.state.service.limits.retry_wait = 20.0
+        self.state.service.limits = dataclasses.replace(self.state.service.limits, retry_wait=20.0)
         self.url = f"http://127.0.0.1:{port}"
         config = uvicorn.Config(
             create_app(self.state),
@@ -135,7 +138,7 @@ TASKS = ["retrieval.query", "retrieval.passage", "text-matching", "code.query", 
 
 @pytest.mark.parametrize("task_name", TASKS)
 def test_single_and_multi_vector_parity(live, tiny_reference, task_name: str) -> None:
-    from preprocess_service.prompts import TASKS as TASK_TABLE
+    from vlembed.tasks import TASKS as TASK_TABLE
 
     task, role = TASK_TABLE[task_name]
     cases = _reference_cases(tiny_reference, task, role)
@@ -185,37 +188,9 @@ def test_openai_sdk(live) -> None:
     assert default.usage.prompt_tokens > 0
 
 
-def _mixed_requests(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    imgs = [_uri(_img(rng.randrange(30, 200), rng.randrange(30, 200), i)) for i in range(6)]
-    out = []
-    for i in range(n):
-        kind = i % 4
-        if kind == 0:
-            out.append({"input": f"query {i} " + "word " * rng.randrange(1, 30)})
-        elif kind == 1:
-            out.append({"input": [{"image": rng.choice(imgs)}], "task": "retrieval.passage"})
-        elif kind == 2:
-            out.append(
-                {
-                    "input": [
-                        [
-                            {"type": "text", "text": f"doc {i}"},
-                            {"type": "image_url", "image_url": {"url": rng.choice(imgs)}},
-                        ]
-                    ],
-                    "task": "code.passage",
-                    "return_multivector": True,
-                }
-            )
-        else:
-            out.append({"input": ["a", f"b {i}"], "task": "text-matching", "dimensions": 64})
-    return out
-
-
 def test_concurrent_load_equals_sequential(live) -> None:
     """A CI-sized load (the full 32 × 200 run is in bench/load.py): 0 errors, bitwise equal."""
-    reqs = _mixed_requests(48, seed=3)
+    reqs = mixed_requests(48, seed=3)
     sequential = [embed(live.url, **r)["data"] for r in reqs]
     with ThreadPoolExecutor(16) as pool:
         concurrent = list(pool.map(lambda r: embed(live.url, **r)["data"], reqs))
@@ -223,7 +198,7 @@ def test_concurrent_load_equals_sequential(live) -> None:
 
 
 def test_backend_killed_under_load_is_restarted(live) -> None:
-    reqs = _mixed_requests(40, seed=4)
+    reqs = mixed_requests(40, seed=4)
     statuses: list[int] = []
 
     def send(r: dict) -> int:

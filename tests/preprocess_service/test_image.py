@@ -22,24 +22,20 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from preprocess_service.constants import (
-    HALF_PATCH_DIM,
+from preprocess_service.image import (
+    decode_image,
+    patchify,
+    smart_resize,
+)
+from vlembed.constants import (
     IMAGE_MEAN,
     IMAGE_STD,
     MAX_PIXELS,
     MIN_PIXELS,
     PATCH_DIM,
 )
-from preprocess_service.errors import ImageError, InvalidInputError, VlembedError
-from preprocess_service.image import (
-    decode_image,
-    half_to_rows,
-    patchify,
-    patchify_half,
-    rows_to_half,
-    smart_resize,
-    to_rgb,
-)
+from vlembed.errors import ImageError, InvalidInputError, VlembedError
+from vlembed.pixels import to_rgb
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXIF_ORIENTATION = 0x0112
@@ -280,7 +276,8 @@ def test_patchify_matches_hf(case: Case, hf_processor: Any) -> None:
         rows, grid = patchify(image)
     else:
         data = _encode(case)
-        reference = hf_processor(images=Image.open(io.BytesIO(data)))
+        # jina-embeddings-v4's loader: Image.open(...).convert("RGB") (alpha dropped)
+        reference = hf_processor(images=Image.open(io.BytesIO(data)).convert("RGB"))
         decoded = decode_image(data)
         assert decoded.mode == "RGB"
         assert decoded.size == (case.width, case.height)  # EXIF orientation not applied
@@ -457,54 +454,7 @@ def test_rows_are_merge_block_ordered_and_laid_out_c_t_h_w() -> None:
 
 def test_rows_are_contiguous_float32() -> None:
     rows, _ = patchify(Image.new("RGB", (300, 200), (10, 20, 30)))
-    half, _ = patchify_half(Image.new("RGB", (300, 200), (10, 20, 30)))
-    assert rows.flags["C_CONTIGUOUS"] and half.flags["C_CONTIGUOUS"]
-    assert rows.dtype == half.dtype == np.float32
-
-
-# --- compact (T=1 half) form -------------------------------------------------------------
-
-
-def test_half_form_round_trips_exactly() -> None:
-    image = Image.fromarray(_content(np.random.default_rng(5), 333, 517), "RGBA")
-    rows, grid = patchify(image)
-    half, half_grid = patchify_half(image)
-    assert half_grid == grid
-    assert half.shape == (rows.shape[0], HALF_PATCH_DIM)
-    assert np.array_equal(half_to_rows(half), rows)
-    assert np.array_equal(rows_to_half(rows), half)
-    # the half is the first temporal slice of every channel
-    assert np.array_equal(half.reshape(-1, 3, 196), rows.reshape(-1, 3, 2, 196)[:, :, 0])
-
-
-def test_rows_to_half_refuses_rows_whose_halves_differ() -> None:
-    rows, _ = patchify(Image.new("RGB", (56, 56), (200, 100, 50)))
-    tampered = rows.copy()
-    tampered[3, 3 * 392 - 1] += 1e-3  # last value of the blue channel's second frame
-    with pytest.raises(ValueError, match="temporal halves differ in 1 of 16 rows"):
-        rows_to_half(tampered)
-    signed_zero = np.zeros_like(rows)
-    signed_zero[0, 196] = -0.0  # equal as floats, different as bits
-    with pytest.raises(ValueError, match="first: row 0"):
-        rows_to_half(signed_zero)
-
-
-@pytest.mark.parametrize(
-    "array",
-    [np.zeros((4, 1176), np.float64), np.zeros((4, 1175), np.float32), np.zeros(1176, np.float32)],
-)
-def test_rows_to_half_checks_shape_and_dtype(array: np.ndarray) -> None:
-    with pytest.raises(ValueError, match="expected float32"):
-        rows_to_half(array)
-
-
-@pytest.mark.parametrize(
-    "array",
-    [np.zeros((4, 588), np.float16), np.zeros((4, 1176), np.float32), np.zeros(588, np.float32)],
-)
-def test_half_to_rows_checks_shape_and_dtype(array: np.ndarray) -> None:
-    with pytest.raises(ValueError, match="expected float32"):
-        half_to_rows(array)
+    assert rows.flags["C_CONTIGUOUS"] and rows.dtype == np.float32
 
 
 # --- decoding: malformed and hostile input -----------------------------------------------
@@ -690,3 +640,16 @@ def test_image_module_imports_neither_torch_nor_transformers() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
+
+
+def test_bytes_with_alpha_are_opened_like_the_models_loader() -> None:
+    """Bytes are the path/URL case: ``Image.open(...).convert("RGB")`` drops alpha."""
+    rgba = np.zeros((8, 8, 4), np.uint8)
+    rgba[..., 0] = 200
+    rgba[..., 3] = np.arange(64, dtype=np.uint8).reshape(8, 8) * 4  # varying alpha
+    buf = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(buf, "PNG")
+    decoded = np.asarray(decode_image(buf.getvalue()))
+    assert (decoded[..., 0] == 200).all() and (decoded[..., 1:] == 0).all()  # not whitened
+    whitened = np.asarray(to_rgb(Image.fromarray(rgba, "RGBA")))
+    assert (whitened[..., 1] > 0).any()  # the PIL-object path composites onto white

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from preprocess_service.backend_wire import CHUNK_IMAGE, CHUNK_TEXT, Chunk, Rows
 from preprocess_service.pooling import Projector, single_vector
+from vlembed.wire import CHUNK_IMAGE, CHUNK_TEXT, Chunk, Rows
 
 
 def _rows() -> Rows:

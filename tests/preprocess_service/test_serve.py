@@ -6,13 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from preprocess_service.serve import (
-    build_parser,
-    build_state,
-    pick_mmproj,
-    resolve_flash_attn,
-    resolve_repack,
-)
+from preprocess_service.serve import build_state, pick_mmproj, resolve_flash_attn, resolve_repack
+from preprocess_service.settings import parse_settings
 from preprocess_service.supervisor import ServerSpec
 
 
@@ -58,7 +53,7 @@ def test_server_argv_carries_the_choices() -> None:
 
 def test_build_state_wires_the_flags_into_each_server(tiny_converted: Path, monkeypatch) -> None:
     monkeypatch.setenv("VLEMBED_LLAMA_SERVER", "/nonexistent/llama-server")  # nothing is started
-    args = build_parser().parse_args(
+    args = parse_settings(
         ["--model", str(tiny_converted), "--tasks", "retrieval,code", "--flash-attn", "auto"]
     )
     state = build_state(args)
@@ -68,7 +63,7 @@ def test_build_state_wires_the_flags_into_each_server(tiny_converted: Path, monk
         assert s.mmproj.name == "mmproj-f32.gguf"
         assert s.flash_attn == "off"  # the f32 parity variant
         assert s.repack is True
-    args = build_parser().parse_args(
+    args = parse_settings(
         ["--model", str(tiny_converted), "--tasks", "retrieval", "--flash-attn", "on"]
     )
     ((server, _),) = build_state(args).managed

@@ -7,6 +7,7 @@ numbers are checked against the reference through the real llama-server in tests
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -18,10 +19,11 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from preprocess_service.api.app import AppState, create_app
+from preprocess_service.api.guard import GuardConfig
 from preprocess_service.backend import Backend, BackendPool
-from preprocess_service.backend_wire import CHUNK_IMAGE, CHUNK_TEXT, Chunk, encode_rows
-from preprocess_service.embedder import EmbeddingService, Limits
+from preprocess_service.embedder import EmbeddingService, QueueLimits
 from preprocess_service.model import load_served_model
+from vlembed.wire import CHUNK_IMAGE, CHUNK_TEXT, Chunk, encode_rows
 
 MARKER = "<__fake_marker__>"
 
@@ -89,10 +91,10 @@ def fake(tiny_converted: Path):
     transport = httpx.MockTransport(server.handler)
     pools = {
         t: BackendPool(t, [Backend(f"http://fake-{t}", t, httpx.AsyncClient(transport=transport))])
-        for t in model.tasks
+        for t in model.manifest.tasks
     }
-    service = EmbeddingService(model=model, pools=pools, limits=Limits(max_queue=8))
-    state = AppState(service=service, api_key=None, monitor_interval=0.05)
+    service = EmbeddingService(model=model, pools=pools, limits=QueueLimits(max_queue=8))
+    state = AppState(service=service, monitor_interval=0.05)
     return state, server
 
 
@@ -148,14 +150,13 @@ def test_dimensions_multivector_and_binary(fake) -> None:
         ({"input": []}, 400, "input"),
         ({"input": 5}, 400, None),
         ({"input": "x", "task": "summarise"}, 400, "task"),
-        ({"input": [{"image": "not base64!"}]}, 400, "input[0]"),
-        ({"input": [{"image": base64.b64encode(b"garbage").decode()}]}, 400, "input[0]"),
-        ({"input": [{"image": "http://127.0.0.1:1/x.png"}]}, 400, "input[0]"),
-        ({"input": [{"image": "file:///etc/passwd"}]}, 400, "input[0]"),
+        ({"input": [{"image": "not base64!"}]}, 400, "input[0].image"),
+        ({"input": [{"image": base64.b64encode(b"garbage").decode()}]}, 400, "input[0].image"),
+        ({"input": [{"image": "http://127.0.0.1:1/x.png"}]}, 400, "input[0].image"),
+        ({"input": [{"image": "file:///etc/passwd"}]}, 400, "input[0].image"),
         ({"input": "x" * 300_000}, 413, "input"),
         ({"input": "word " * 2000}, 413, "input"),
         ({"input": [{"text": "a", "extra": 1}]}, 400, None),
-        ({"input": "x", "encoding_format": "base64", "embedding_type": "binary"}, 400, None),
     ],
 )
 def test_bad_input_is_a_clean_4xx(fake, body, status: int, param) -> None:
@@ -178,7 +179,7 @@ def test_truncate(fake) -> None:
 
 def test_api_key(fake) -> None:
     state, _ = fake
-    state.api_key = "s3cret"
+    state.guard = GuardConfig(api_key="s3cret")
     with TestClient(create_app(state)) as client:
         assert _post(client, input="x").status_code == 401
         ok = client.post(
@@ -188,16 +189,20 @@ def test_api_key(fake) -> None:
         assert client.get("/health").status_code == 200
 
 
-def test_overload_is_429_with_retry_after(fake) -> None:
+def test_overload_is_429_with_retry_after_only_when_busy(fake) -> None:
     state, _ = fake
     with TestClient(create_app(state)) as client:
-        r = _post(client, input=["x"] * 9)
+        assert _post(client, input=["x"] * 9).status_code == 200  # idle: any valid request
+        state.service.in_flight = 5  # busy: 5 + 4 > max_queue 8
+        r = _post(client, input=["x"] * 4)
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert _post(client, input=["x"] * 3).status_code == 200
+        state.service.in_flight = 0
 
 
 def test_dead_backend_is_503_not_a_hang(fake) -> None:
     state, server = fake
-    state.service.limits.retry_wait = 0.3
+    state.service.limits = dataclasses.replace(state.service.limits, retry_wait=0.3)
     with TestClient(create_app(state)) as client:
         server.down = True
         r = _post(client, input="x")

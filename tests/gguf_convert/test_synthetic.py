@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from eval.synthetic import PRESETS, make_checkpoint
-from gguf_convert.layout import TASKS, parse_adapter_key
+from gguf_convert.layout import parse_adapter_key
+from gguf_convert.synthetic import PRESETS, make_checkpoint
+from vlembed.tasks import ADAPTER_TASKS as TASKS
 
 
 def _digest(root: Path) -> str:
@@ -58,7 +59,7 @@ def test_shards_with_index_when_large(
 ) -> None:
     import dataclasses
 
-    import eval.synthetic as syn
+    import gguf_convert.synthetic as syn
 
     small = dataclasses.replace(PRESETS["tiny"], shard_bytes=20 << 20)
     monkeypatch.setitem(syn.PRESETS, "tiny", small)

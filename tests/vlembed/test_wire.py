@@ -3,7 +3,7 @@ import base64
 import numpy as np
 import pytest
 
-from preprocess_service.backend_wire import (
+from vlembed.wire import (
     CHUNK_IMAGE,
     CHUNK_TEXT,
     Chunk,

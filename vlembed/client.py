@@ -1,18 +1,21 @@
-"""The vlembed service as an evaluation backend: ``POST /v1/embeddings`` over httpx.
+"""``vlembed.Client``: the Python client of a running ``vlembed serve`` (``/v1/embeddings``).
 
-Behaviour an evaluation run needs from a client, and why:
+Users, the evaluation harness, the benchmark and the index all talk to the service through it.
 
 - **Start-up check.** ``GET /v1/models`` is called once in the constructor, so a wrong URL or a
-  server serving no model fails before any dataset is loaded; the served model id becomes the
-  MTEB model name, and the widths it lists (``dimensions``, ``multi_vector_dim``) its metadata.
+  server serving no model fails before any work starts; the served model id, its Matryoshka
+  widths and multi-vector width become attributes.
 - **Retries only where waiting helps.** Timeouts and ``429``/``503`` (the service's answer when
   it is full or still starting) are retried with backoff, honouring ``Retry-After``. Any other
   4xx/5xx fails at once with the server's own message: an invalid request does not become valid
-  by sending it again, and a long benchmark should stop at the first real error.
-- **One exception type.** Every failure surfaces as :class:`ServiceError`, chained to the httpx
-  exception that caused it, so the CLI can print one line instead of a traceback.
-- **Bounded requests.** Inputs are sent in chunks (item count and payload bytes), images as
-  lossless PNG data URIs: the server decodes exactly the pixels the reference sees.
+  by sending it again.
+- **One exception type.** Every failure surfaces as :class:`vlembed.errors.ServiceError`,
+  chained to the httpx exception that caused it; httpx errors are translated only here.
+- **Bounded requests.** Inputs are sent in chunks (item count and payload bytes).
+- **Images.** A PIL image is sent as lossless PNG after the Hugging Face processor's RGB
+  conversion (transparency composited onto white), so the service sees the pixels the reference
+  model sees for the same object. Bytes and paths are sent as the file's own bytes: the service
+  then opens them as jina-embeddings-v4's loader opens a file (``Image.open(...).convert("RGB")``).
 """
 
 from __future__ import annotations
@@ -20,60 +23,63 @@ from __future__ import annotations
 import base64
 import email.utils
 import io
+import json
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 from PIL import Image
 
-from eval.backends import API_TASKS, Item
+from vlembed.errors import ServiceError
+from vlembed.pixels import to_rgb
+from vlembed.tasks import API_TASKS
 
-__all__ = ["HttpBackend", "ServiceError", "image_data_uri"]
+__all__ = ["Client", "Item", "image_data_uri"]
+
+Item = str | Image.Image | bytes | os.PathLike | Mapping[str, Any]
+"""One input: a text; an image as a PIL object, file bytes or a path; or a wire item dict
+(``{"text": …}``, ``{"image": …}``, ``{"content": [...]}``) passed through as is."""
 
 RETRY_STATUSES = (429, 503)
 
 
-class ServiceError(RuntimeError):
-    """The service could not be reached or answered with an error.
-
-    Attributes:
-        status: HTTP status, or ``None`` when no response arrived.
-        error_type: ``error.type`` of an OpenAI-shaped error body, if any.
-        code: ``error.code`` of an OpenAI-shaped error body, if any.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        error_type: str | None = None,
-        code: str | int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.code = code
-
-
 def image_data_uri(image: Image.Image) -> str:
-    """PNG data URI of an image (lossless, so the server decodes the very same RGB values)."""
+    """PNG data URI of an image as the reference processor sees it (lossless RGB)."""
     buf = io.BytesIO()
-    rgb = image if image.mode == "RGB" else image.convert("RGB")
-    rgb.save(buf, format="PNG", compress_level=1)
+    to_rgb(image).save(buf, format="PNG", compress_level=1)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _wire_item(item: Item) -> dict[str, str]:
+def bytes_data_uri(data: bytes) -> str:
+    """The file's own bytes as base64; the service detects the format from its header."""
+    return "data:application/octet-stream;base64," + base64.b64encode(data).decode("ascii")
+
+
+def _wire_item(item: Item) -> dict[str, Any]:
     if isinstance(item, str):
         return {"text": item}
     if isinstance(item, Image.Image):
         return {"image": image_data_uri(item)}
-    raise TypeError(f"cannot send a {type(item).__name__}; expected str or PIL image")
+    if isinstance(item, bytes | bytearray | memoryview):
+        return {"image": bytes_data_uri(bytes(item))}
+    if isinstance(item, os.PathLike):
+        return {"image": bytes_data_uri(Path(item).read_bytes())}
+    if isinstance(item, Mapping):
+        return dict(item)
+    raise TypeError(
+        f"cannot send a {type(item).__name__}; expected str, PIL image, bytes, path or dict"
+    )
+
+
+def _wire_size(item: dict[str, Any]) -> int:
+    """Approximate JSON size of a text or image item (its one string dominates)."""
+    return sum(len(v) if isinstance(v, str) else 16 for v in item.values()) + 16
 
 
 def _error_from(response: httpx.Response, note: str = "") -> ServiceError:
@@ -116,8 +122,8 @@ def _retry_after(response: httpx.Response) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
-class HttpBackend:
-    """A running ``vlembed serve`` as a :class:`eval.backends.Backend`.
+class Client:
+    """A running ``vlembed serve``; also an :class:`eval.backends.Backend`.
 
     Args:
         base_url: Service root, e.g. ``http://localhost:8080`` (``/v1/...`` is appended).
@@ -135,7 +141,7 @@ class HttpBackend:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str = "http://127.0.0.1:8000",
         *,
         model: str | None = None,
         timeout: float = 300.0,
@@ -169,6 +175,8 @@ class HttpBackend:
         self.revision: str | None = None
         self.dim: int | None = None
         self.multi_dim: int | None = None
+        self.min_pixels: int | None = None  # the served model's resize bounds (``/v1/models``)
+        self.max_pixels: int | None = None
         self.name = self._check_models(model)
 
     # --- requests -------------------------------------------------------------------------
@@ -231,6 +239,9 @@ class HttpBackend:
             self.dim = max(dims)
         multi = entry.get("multi_vector_dim")
         self.multi_dim = multi if isinstance(multi, int) else None
+        for key in ("min_pixels", "max_pixels"):
+            value = entry.get(key)
+            setattr(self, key, value if isinstance(value, int) else None)
         return name
 
     # --- embeddings -----------------------------------------------------------------------
@@ -239,11 +250,19 @@ class HttpBackend:
         self,
         items: Sequence[Item],
         *,
-        task: str,
-        multivector: bool,
+        task: str = "retrieval.query",
+        multivector: bool = False,
         dimensions: int | None = None,
     ) -> list[np.ndarray]:
-        """Embed ``items`` in as few requests as the bounds allow, results in input order."""
+        """Embed ``items`` in as few requests as the bounds allow, results in input order.
+
+        Args:
+            items: Texts, images (PIL, bytes, paths) or wire item dicts; see :data:`Item`.
+            task: One of :data:`vlembed.tasks.API_TASKS`.
+            multivector: One L2-normalised row per token (``[n_tokens, dim]``) instead of one
+                ``[dim]`` vector per item.
+            dimensions: Matryoshka width of single vectors (one of the model's dimensions).
+        """
         if task not in API_TASKS:
             raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(API_TASKS)}")
         wire = [_wire_item(item) for item in items]
@@ -251,7 +270,7 @@ class HttpBackend:
         per_request = min(self.max_items, max(1, -(-len(wire) // self.concurrency)))
         chunks = self._chunks(wire, per_request)
 
-        def run(chunk: list[dict[str, str]]) -> list[np.ndarray]:
+        def run(chunk: list[dict[str, Any]]) -> list[np.ndarray]:
             return self._embed_chunk(chunk, task, multivector, dimensions)
 
         if self.concurrency == 1 or len(chunks) == 1:
@@ -261,13 +280,13 @@ class HttpBackend:
                 parts = list(pool.map(run, chunks))
         return [vec for part in parts for vec in part]
 
-    def _chunks(self, wire: list[dict[str, str]], per_request: int) -> list[list[dict[str, str]]]:
+    def _chunks(self, wire: list[dict[str, Any]], per_request: int) -> list[list[dict[str, Any]]]:
         """Consecutive runs of at most ``per_request`` items and ``max_request_bytes``."""
-        chunks: list[list[dict[str, str]]] = []
-        current: list[dict[str, str]] = []
+        chunks: list[list[dict[str, Any]]] = []
+        current: list[dict[str, Any]] = []
         size = 0
         for item in wire:
-            item_size = sum(len(v) for v in item.values()) + 16
+            item_size = len(json.dumps(item)) if "content" in item else _wire_size(item)
             full = len(current) >= per_request or size + item_size > self.max_request_bytes
             if current and full:
                 chunks.append(current)
@@ -280,7 +299,7 @@ class HttpBackend:
 
     def _embed_chunk(
         self,
-        chunk: list[dict[str, str]],
+        chunk: list[dict[str, Any]],
         task: str,
         multivector: bool,
         dimensions: int | None,
@@ -298,6 +317,12 @@ class HttpBackend:
 
     def close(self) -> None:
         self._client.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _parse_embeddings(body: Any, n: int, multivector: bool, where: str) -> list[np.ndarray]:

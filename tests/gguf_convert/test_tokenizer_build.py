@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from eval.tokenizer_build import (
+from gguf_convert.tokenizer_build import (
     FIRST_SPECIAL_ID,
     SPECIAL_TOKENS,
     build_tokenizer,

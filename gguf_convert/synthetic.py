@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
-from gguf_convert.layout import TASKS, adapter_key, to_flat_key
-from preprocess_service import constants
+from gguf_convert.layout import adapter_key, to_flat_key
+from vlembed import constants
+from vlembed.tasks import ADAPTER_TASKS
 
 # LLM projections that carry task LoRA in jina-embeddings-v4 (vision is excluded).
 LORA_TARGETS: tuple[str, ...] = (
@@ -34,8 +35,6 @@ LORA_TARGETS: tuple[str, ...] = (
     "mlp.up_proj",
     "mlp.down_proj",
 )
-IMAGE_MEAN = (0.48145466, 0.4578275, 0.40821073)
-IMAGE_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ PRESETS: dict[str, Preset] = {
         projector_dim=32,
         matryoshka_dims=(32, 64, 128),
     ),
-    # real jina-v4 widths (DESIGN §4), 4 + 4 layers.
+    # real jina-embeddings-v4 widths, 4 + 4 layers.
     "bench": Preset(
         hidden=2048,
         layers=4,
@@ -106,13 +105,13 @@ def jina_config(p: Preset) -> dict[str, Any]:
         "architectures": ["JinaEmbeddingsV4Model"],
         "model_type": "qwen2_5_vl",
         "attention_dropout": 0.0,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
+        "bos_token_id": constants.ENDOFTEXT_ID,
+        "eos_token_id": constants.IM_END_ID,
         "vision_start_token_id": constants.VISION_START_ID,
         "vision_end_token_id": constants.VISION_END_ID,
-        "vision_token_id": 151654,
+        "vision_token_id": constants.VISION_PAD_ID,
         "image_token_id": constants.IMAGE_PAD_ID,
-        "video_token_id": 151656,
+        "video_token_id": constants.VIDEO_PAD_ID,
         "hidden_act": "silu",
         "hidden_size": p.hidden,
         "initializer_range": 0.02,
@@ -134,7 +133,7 @@ def jina_config(p: Preset) -> dict[str, Any]:
         "tie_word_embeddings": True,
         "torch_dtype": "bfloat16",
         "use_cache": False,
-        "vocab_size": 151936,
+        "vocab_size": constants.VOCAB_SIZE,
         "vision_config": {
             "depth": p.vit_depth,
             "hidden_act": "silu",
@@ -155,7 +154,7 @@ def jina_config(p: Preset) -> dict[str, Any]:
         "single_vector_pool_strategy": "mean",
         "multi_vector_projector_dim": p.projector_dim,
         "matryoshka_dims": list(p.matryoshka_dims),
-        "task_names": list(TASKS),
+        "task_names": list(ADAPTER_TASKS),
     }
 
 
@@ -168,8 +167,8 @@ def preprocessor_config() -> dict[str, Any]:
         "do_rescale": True,
         "do_resize": True,
         "rescale_factor": 1 / 255,
-        "image_mean": list(IMAGE_MEAN),
-        "image_std": list(IMAGE_STD),
+        "image_mean": list(constants.IMAGE_MEAN),
+        "image_std": list(constants.IMAGE_STD),
         "min_pixels": constants.MIN_PIXELS,
         "max_pixels": constants.MAX_PIXELS,
         "patch_size": constants.PATCH_SIZE,
@@ -259,7 +258,7 @@ def lora_state_dict(p: Preset, seed: int, base: dict[str, torch.Tensor]) -> dict
         w_std = float(w.float().std())
         a_std = 1.0 / math.sqrt(n_in)
         b_std = 0.33 * w_std / (scale * math.sqrt(p.lora_r) * a_std)
-        for task in TASKS:
+        for task in ADAPTER_TASKS:
             ka, kb = adapter_key(module, "A", task), adapter_key(module, "B", task)
             out[ka] = torch.randn((p.lora_r, n_in), generator=_generator(seed, ka)) * a_std
             out[kb] = torch.randn((n_out, p.lora_r), generator=_generator(seed, kb)) * b_std
@@ -280,7 +279,7 @@ def adapter_config(p: Preset) -> dict[str, Any]:
             r"(.*(model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_proj).*$"
             r"|.*(multi_vector_projector).*$)"
         ),
-        "task_names": list(TASKS),
+        "task_names": list(ADAPTER_TASKS),
     }
 
 
@@ -315,7 +314,7 @@ def _save_sharded(tensors: dict[str, torch.Tensor], out: Path, shard_bytes: int)
 
 
 def write_tokenizer(out: Path, vocab_gguf: Path) -> None:
-    from eval.tokenizer_build import build_tokenizer
+    from gguf_convert.tokenizer_build import build_tokenizer
 
     tok = build_tokenizer(vocab_gguf)
     tok.save(str(out / "tokenizer.json"))
@@ -328,7 +327,7 @@ def write_tokenizer(out: Path, vocab_gguf: Path) -> None:
             "single_word": False,
             "special": True,
         }
-        for t in constants_special_tokens()
+        for t in constants.SPECIAL_TOKENS
     }
     (out / "tokenizer_config.json").write_text(
         json.dumps(
@@ -346,12 +345,6 @@ def write_tokenizer(out: Path, vocab_gguf: Path) -> None:
             indent=2,
         )
     )
-
-
-def constants_special_tokens() -> tuple[str, ...]:
-    from eval.tokenizer_build import SPECIAL_TOKENS
-
-    return SPECIAL_TOKENS
 
 
 def make_checkpoint(
@@ -442,3 +435,39 @@ def merged_task_weights(
             w32 = w32 + (b @ a) * scale
         merged[name] = w32
     return merged
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vlembed make-synthetic``: write a random checkpoint and print its directory."""
+    import argparse
+    import sys
+    import time
+
+    p = argparse.ArgumentParser(
+        prog="vlembed make-synthetic",
+        description="write a random checkpoint in the real jina-embeddings-v4 layout",
+    )
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="directory to (re)create")
+    p.add_argument(
+        "--layout",
+        choices=["jina", "qwen"],
+        default="jina",
+        help="jina: jina-v4 layout with task adapters; qwen: plain Qwen2.5-VL, retrieval merged",
+    )
+    p.add_argument("--vocab", help="ggml-vocab-qwen2.gguf (default: from the pinned llama.cpp)")
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    out = make_checkpoint(
+        Path(args.out),
+        args.preset,
+        args.seed,
+        layout=args.layout,
+        vocab_gguf=Path(args.vocab) if args.vocab else None,
+    )
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    took = time.perf_counter() - start
+    print(f"wrote {args.preset} checkpoint ({size / 1e6:.1f} MB) in {took:.1f} s", file=sys.stderr)
+    print(out)
+    return 0

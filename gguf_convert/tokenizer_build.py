@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from vlembed.constants import FIRST_SPECIAL_ID, SPECIAL_TOKENS
+
 # The split regex of Qwen2's tokenizer.json (GPT-4 style, digits one at a time).
 QWEN2_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -20,23 +22,6 @@ QWEN2_SPLIT_REGEX = (
 )
 
 # Qwen2.5-VL special tokens, in id order starting right after the BPE vocabulary.
-SPECIAL_TOKENS: tuple[str, ...] = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-)
-FIRST_SPECIAL_ID = 151643
 
 
 def read_vocab_gguf(path: Path) -> tuple[list[str], list[str]]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from preprocess_service.constants import PATCH_DIM
+from vlembed.constants import PATCH_DIM
 
 MAGIC = b"VLR1"
 _HEADER = struct.Struct("<4sIIII")

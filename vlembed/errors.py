@@ -1,4 +1,5 @@
-"""Typed exceptions of vlembed; every stage raises these and only the API maps them to HTTP.
+"""Typed exceptions of vlembed: the server side raises the tree below (only the API maps it to
+HTTP, in ``preprocess_service/api/errors.py``); the client raises ``ServiceError``.
 
 Hierarchy (HTTP status in brackets, mapped once in ``api/errors.py``)::
 
@@ -27,6 +28,7 @@ __all__ = [
     "InputTooLargeError",
     "InvalidInputError",
     "OverloadedError",
+    "ServiceError",
     "VlembedError",
 ]
 
@@ -80,3 +82,29 @@ class BackendUnavailableError(BackendError):
 
 class BackendTimeoutError(BackendError):
     """The backend did not answer within the request deadline."""
+
+
+class ServiceError(RuntimeError):
+    """Client side: the service could not be reached or answered with an error.
+
+    Raised by :class:`vlembed.Client` (and what uses it: eval, bench, the index); not part of
+    the server's tree above, because it describes a failed call, not a refused input.
+
+    Attributes:
+        status: HTTP status, or ``None`` when no response arrived.
+        error_type: ``error.type`` of an OpenAI-shaped error body, if any.
+        code: ``error.code`` of an OpenAI-shaped error body, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        error_type: str | None = None,
+        code: str | int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.code = code

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from eval.http_client import HttpBackend, ServiceError, image_data_uri
+from vlembed.client import Client, image_data_uri
+from vlembed.errors import ServiceError
 
 MODELS = {
     "object": "list",
@@ -67,9 +68,9 @@ def embeddings_ok(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, json={"data": data, "usage": {}})
 
 
-def backend(server: Server, sleeps: list[float] | None = None, **kw) -> HttpBackend:
+def backend(server: Server, sleeps: list[float] | None = None, **kw) -> Client:
     record = sleeps if sleeps is not None else []
-    return HttpBackend(
+    return Client(
         "http://svc:8080/", transport=httpx.MockTransport(server), sleep=record.append, **kw
     )
 
@@ -91,7 +92,7 @@ def test_startup_fails_on_empty_model_list() -> None:
         return httpx.Response(200, json={"data": []})
 
     with pytest.raises(ServiceError, match="lists no model"):
-        HttpBackend("http://svc", transport=httpx.MockTransport(handler))
+        Client("http://svc", transport=httpx.MockTransport(handler))
 
 
 def test_request_shape_order_and_image_pixels() -> None:
@@ -199,7 +200,7 @@ def test_unreachable_service() -> None:
         raise httpx.ConnectError("connection refused", request=request)
 
     with pytest.raises(ServiceError, match="cannot reach http://svc/v1/models"):
-        HttpBackend("http://svc", transport=httpx.MockTransport(refuse))
+        Client("http://svc", transport=httpx.MockTransport(refuse))
 
 
 @pytest.mark.parametrize(

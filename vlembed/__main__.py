@@ -1,0 +1,3 @@
+from vlembed.cli import main
+
+raise SystemExit(main())
