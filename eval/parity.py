@@ -38,8 +38,8 @@ from eval import scoring
 from eval.backends import Backend, ModelSpec, ReferenceBackend, column_labels
 from eval.docset import DocSet
 from eval.report import markdown_table, score_table, slug, write_json
-from preprocess_service.image import smart_resize
 from vlembed.constants import MAX_PIXELS, MIN_PIXELS, RESIZE_FACTOR
+from vlembed.geometry import smart_resize
 
 __all__ = [
     "IMAGE_PREFIX_TOKENS",

@@ -31,8 +31,6 @@ from __future__ import annotations
 import functools
 import io
 import logging
-import math
-import operator
 import warnings
 
 import numpy as np
@@ -42,7 +40,6 @@ from vlembed.constants import (
     IMAGE_FORMATS,
     IMAGE_MEAN,
     IMAGE_STD,
-    MAX_ASPECT_RATIO,
     MAX_DECODED_PIXELS,
     MAX_PIXELS,
     MERGE_SIZE,
@@ -54,6 +51,7 @@ from vlembed.constants import (
     TEMPORAL_PATCH_SIZE,
 )
 from vlembed.errors import ImageError
+from vlembed.geometry import Grid, image_grid, smart_resize
 from vlembed.pixels import to_rgb
 
 __all__ = [
@@ -69,8 +67,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Grid = tuple[int, int, int]
-"""``(t, h, w)`` in patches, HF's ``image_grid_thw`` row; ``t`` is 1 for a still image."""
 
 _CHANNELS = 3
 _PATCH_AREA = PATCH_SIZE * PATCH_SIZE  # 196 values per channel per temporal slice
@@ -203,70 +199,6 @@ def _open_checked(data: bytes | bytearray | memoryview, max_pixels_decoded: int)
     return image
 
 
-# --- geometry -------------------------------------------------------------------------------
-
-
-def smart_resize(
-    height: int,
-    width: int,
-    factor: int = RESIZE_FACTOR,
-    min_pixels: int = MIN_PIXELS,
-    max_pixels: int = MAX_PIXELS,
-) -> tuple[int, int]:
-    """Target ``(height, width)`` of the resize, identical to HF's ``smart_resize``.
-
-    Both sides become multiples of ``factor``; the area is brought inside
-    ``[min_pixels, max_pixels]`` while keeping the aspect ratio as far as rounding allows. The
-    float arithmetic is HF's, operation for operation (Python's round-half-to-even, then
-    floor/ceil of ``side / beta / factor`` and ``side * beta / factor``), because a different
-    but "equivalent" order flips sides by ``factor`` near the rounding boundaries. As in HF,
-    the result may exceed ``max_pixels`` for extreme aspect ratios since no side goes below
-    ``factor``.
-
-    Args:
-        height: Source height in pixels.
-        width: Source width in pixels.
-        factor: Both output sides are multiples of it (patch 14 x merge 2 = 28).
-        min_pixels: Smallest output area (jina-v4: 3136, 4 merged tokens).
-        max_pixels: Largest output area (jina-v4: 602112, 768 merged tokens).
-
-    Returns:
-        ``(resized_height, resized_width)``.
-
-    Raises:
-        ImageError: A side is zero or negative, or the aspect ratio exceeds
-            ``MAX_ASPECT_RATIO`` (200, HF's limit; exactly 200 is accepted like in HF).
-        ValueError: ``factor``/``min_pixels``/``max_pixels`` are not a valid configuration.
-    """
-    height = operator.index(height)
-    width = operator.index(width)
-    if factor <= 0 or min_pixels <= 0 or max_pixels < min_pixels:
-        raise ValueError(
-            "need factor > 0 and 0 < min_pixels <= max_pixels, got "
-            f"factor={factor}, min_pixels={min_pixels}, max_pixels={max_pixels}"
-        )
-    if height <= 0 or width <= 0:
-        raise ImageError(f"image has no pixels: height={height}, width={width}")
-    aspect_ratio = max(height, width) / min(height, width)
-    if aspect_ratio > MAX_ASPECT_RATIO:
-        raise ImageError(
-            f"image aspect ratio must be at most {MAX_ASPECT_RATIO}, got {aspect_ratio:.1f} "
-            f"(height={height}, width={width})"
-        )
-
-    resized_height = round(height / factor) * factor
-    resized_width = round(width / factor) * factor
-    if resized_height * resized_width > max_pixels:
-        shrink = math.sqrt((height * width) / max_pixels)
-        resized_height = max(factor, math.floor(height / shrink / factor) * factor)
-        resized_width = max(factor, math.floor(width / shrink / factor) * factor)
-    elif resized_height * resized_width < min_pixels:
-        grow = math.sqrt(min_pixels / (height * width))
-        resized_height = math.ceil(height * grow / factor) * factor
-        resized_width = math.ceil(width * grow / factor) * factor
-    return resized_height, resized_width
-
-
 # --- patch rows -----------------------------------------------------------------------------
 
 
@@ -284,19 +216,6 @@ def _normalisation_table() -> np.ndarray:
 
 
 _NORMALISED = _normalisation_table()
-
-
-def image_grid(
-    width: int, height: int, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS
-) -> Grid:
-    """The patch grid an image of this size gets, from its header alone (no pixels needed).
-
-    Its merged-token count is ``h * w // MERGE_SIZE**2``: what the image costs in a prompt.
-    """
-    resized_height, resized_width = smart_resize(
-        height, width, factor=RESIZE_FACTOR, min_pixels=min_pixels, max_pixels=max_pixels
-    )
-    return (1, resized_height // PATCH_SIZE, resized_width // PATCH_SIZE)
 
 
 def _resized_pixels(image: Image.Image, min_pixels: int, max_pixels: int) -> np.ndarray:

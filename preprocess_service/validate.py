@@ -123,6 +123,11 @@ def resolve_task(name: str, manifest: Manifest, served: set[str]) -> tuple[str, 
 
 def _options(req: EmbeddingRequest, m: Manifest, served: set[str]) -> EmbedOptions:
     task, role = resolve_task(req.task, m, served)
+    if req.late_chunking:
+        raise InvalidInputError(
+            "late_chunking is not supported by this server; embed each chunk as its own input",
+            param="late_chunking",
+        )
     if req.return_multivector:
         if req.dimensions is not None:
             raise InvalidInputError(

@@ -78,6 +78,9 @@ class EmbeddingRequest(BaseModel):
     return_multivector: bool = Field(False, description="One projected row per token.")
     normalized: bool = Field(True, description="L2-normalise the output vectors.")
     truncate: bool = Field(False, description="Cut over-long texts instead of answering 413.")
+    late_chunking: bool = Field(
+        False, description="Jina's late chunking; not supported here (true is refused with 400)."
+    )
 
 
 class EmbeddingData(BaseModel):

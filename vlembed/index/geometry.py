@@ -2,9 +2,9 @@
 
 The index cannot import the service (``vlembed`` is the bottom layer), yet it must know the
 merged-token grid of every page it stores (to draw match maps) and the scale at which a PDF page
-is worth rendering. Both follow from Hugging Face's ``smart_resize`` (factor 28), reproduced here
-operation for operation; the grid is then checked against the number of image rows the service
-returns, so a drift between the two copies fails loudly instead of mislabelling heatmaps.
+is worth rendering. Both follow from Hugging Face's ``smart_resize`` (``vlembed.geometry``, the
+service's own copy); the grid is also checked against the number of image rows the service
+returns, so a drift between the two fails loudly instead of mislabelling heatmaps.
 """
 
 from __future__ import annotations
@@ -12,32 +12,9 @@ from __future__ import annotations
 import math
 
 from vlembed.constants import MAX_PIXELS, MERGE_SIZE, MIN_PIXELS, RESIZE_FACTOR
+from vlembed.geometry import smart_resize
 
 __all__ = ["merged_grid", "render_scale", "rendered_size", "smart_resize"]
-
-
-def smart_resize(
-    height: int,
-    width: int,
-    factor: int = RESIZE_FACTOR,
-    min_pixels: int = MIN_PIXELS,
-    max_pixels: int = MAX_PIXELS,
-) -> tuple[int, int]:
-    """``(height, width)`` the service resizes an image to: sides multiples of ``factor``, area
-    inside ``[min_pixels, max_pixels]`` (HF's float arithmetic, same order of operations)."""
-    if height <= 0 or width <= 0:
-        raise ValueError(f"image has no pixels: height={height}, width={width}")
-    resized_height = round(height / factor) * factor
-    resized_width = round(width / factor) * factor
-    if resized_height * resized_width > max_pixels:
-        shrink = math.sqrt((height * width) / max_pixels)
-        resized_height = max(factor, math.floor(height / shrink / factor) * factor)
-        resized_width = max(factor, math.floor(width / shrink / factor) * factor)
-    elif resized_height * resized_width < min_pixels:
-        grow = math.sqrt(min_pixels / (height * width))
-        resized_height = math.ceil(height * grow / factor) * factor
-        resized_width = math.ceil(width * grow / factor) * factor
-    return resized_height, resized_width
 
 
 def merged_grid(
