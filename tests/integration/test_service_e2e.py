@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import io
+import json
 import os
 import random
 import signal
@@ -25,6 +26,7 @@ import uvicorn
 from PIL import Image
 
 from bench.load import mixed_requests
+from preprocess_service.api.protocol import EmbeddingRequest
 from preprocess_service.serve import build_state
 from preprocess_service.settings import parse_settings
 from preprocess_service.supervisor import free_port
@@ -254,9 +256,10 @@ def _bad_requests(n: int, seed: int) -> list[object]:
         2**40,
         [1, 2, 3],
     ]
+    marker_like = ["<__media__>", "x\u0000image\u0000y", "<|vision_start|>", "\ud800", "a\udfff"]
     out: list[object] = []
     for i in range(n):
-        k = i % 10
+        k = i % 13
         if k == 0:
             out.append({"input": rng.choice(values)})
         elif k == 1:
@@ -288,8 +291,25 @@ def _bad_requests(n: int, seed: int) -> list[object]:
             out.append(rng.choice(values))
         elif k == 8:
             out.append({"input": [{"text": ""}] * rng.randrange(1, 4)})
+        elif k == 9:
+            out.append({"input": ["x"] * rng.choice([2049, 5000])})
+        elif k == 10:  # client text that tries to become an image slot, or is not Unicode
+            text = rng.choice(marker_like)
+            item = rng.choice(
+                [text, [{"type": "text", "text": text}, {"type": "image_url", "image_url": png}]]
+            )
+            out.append({"input": ["fine", item]})
+        elif k == 11:
+            out.append(
+                {
+                    "input": "ok",
+                    rng.choice(["late_chunking", "truncate", "return_multivector"]): rng.choice(
+                        values
+                    ),
+                }
+            )
         else:
-            out.append({"input": ["x"] * rng.choice([3000, 5000])})
+            out.append({"input": [[{"type": "image_url", "image_url": rng.choice(junk_images)}]]})
     return out
 
 
@@ -300,15 +320,28 @@ def _png_of(w: int, h: int) -> bytes:
 
 
 def test_bad_requests_never_5xx(live) -> None:
-    bad = _bad_requests(1000, seed=5)
+    bad = _bad_requests(1300, seed=5)
     with httpx.Client(timeout=60) as client, ThreadPoolExecutor(8) as pool:
-        statuses = list(
+        # ASCII JSON, so lone surrogates travel as the escapes a client would send
+        answers = list(
             pool.map(
-                lambda body: client.post(live.url + "/v1/embeddings", json=body).status_code, bad
+                lambda body: client.post(
+                    live.url + "/v1/embeddings",
+                    content=json.dumps(body).encode(),
+                    headers={"content-type": "application/json"},
+                ),
+                bad,
             )
         )
-        statuses.append(client.post(live.url + "/v1/embeddings", content=b"{not json").status_code)
+        answers.append(client.post(live.url + "/v1/embeddings", content=b"{not json"))
+    statuses = [r.status_code for r in answers]
     over = [s for s in statuses if s >= 500]
     assert not over, sorted(set(statuses))
+    for body, r in zip(bad, answers, strict=False):
+        if r.status_code >= 400:  # the OpenAI error shape, param the offending field or item
+            err = r.json()["error"]
+            assert set(err) == {"message", "type", "param", "code"} and err["code"] == r.status_code
+            root = (err["param"] or "").split("[")[0].split(".")[0]
+            assert not root or root in EmbeddingRequest.model_fields, (body, err)
     assert all(s.exited() is None for s, _ in live.state.managed)
     assert embed(live.url, input=TEXT)["data"]
