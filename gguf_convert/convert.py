@@ -25,6 +25,7 @@ from gguf_convert.checkpoint import Checkpoint, open_checkpoint
 from gguf_convert.layout import PROJECTOR_PREFIX
 from gguf_convert.vocab import gguf_vocab
 from gguf_convert.writer import write_mmproj_gguf, write_text_gguf
+from vlembed import constants
 from vlembed.constants import DTYPES, MMPROJ_QUANT_TYPES, QUANT_TYPES
 from vlembed.manifest import MANIFEST, Manifest, TaskFiles, load_manifest, sha256_file
 from vlembed.tasks import IMAGE_TEMPLATE, TEXT_PREFIX
@@ -102,34 +103,13 @@ def convert(
     """Convert ``hf_dir`` into ``out_dir``; return the manifest written there.
 
     ``quants`` are llama-quantize types for the text GGUFs, ``mmproj_quants`` for the vision
-    tower; both are made from the ``dtype`` files (bf16 is the sensible base for them).
+    tower; both are made from the ``dtype`` files (bf16 is the sensible base for them). Files
+    already converted from the same source (fingerprint and checksum) are kept.
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
-    for q in quants or []:
-        if q not in QUANT_TYPES:
-            raise ValueError(f"unknown quantisation {q!r}; choose from {list(QUANT_TYPES)}")
-    for q in mmproj_quants or []:
-        if q not in MMPROJ_QUANT_TYPES:
-            raise ValueError(
-                f"vision tower quantisation {q!r} not supported; choose from "
-                f"{list(MMPROJ_QUANT_TYPES)}"
-            )
+    _check_types(dtype, quants or [], mmproj_quants or [])
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     ckpt = open_checkpoint(Path(hf_dir))
-    available = ckpt.tasks
-    is_jina = bool(available)
-    if is_jina:
-        wanted = list(available) if not tasks or tasks == ["all"] else tasks
-        unknown = [t for t in wanted if t not in available]
-        if unknown:
-            raise ValueError(f"unknown task(s) {unknown}; this checkpoint has {list(available)}")
-    else:
-        # a plain Qwen2.5-VL (e.g. a merged "-vllm-" jina variant): one task, the one merged in
-        if tasks and (len(tasks) != 1 or tasks[0] == "all"):
-            raise ValueError("a checkpoint without adapters has one task; name it with --task")
-        wanted = tasks or ["retrieval"]
-
+    wanted = _wanted_tasks(ckpt, tasks)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = source_fingerprint(ckpt)
@@ -137,18 +117,102 @@ def convert(
         previous: Manifest | None = load_manifest(out_dir)
     except (FileNotFoundError, ValueError, TypeError, KeyError):
         previous = None
+    if previous is not None and previous.source_fingerprint != fingerprint:
+        previous = None
+    manifest = _new_manifest(ckpt, wanted, fingerprint, previous)
+    name = manifest.model_name
+    (out_dir / manifest.tokenizer).write_bytes((ckpt.files.root / manifest.tokenizer).read_bytes())
+    vocab, merges = gguf_vocab(
+        ckpt.files.root / manifest.tokenizer, int(ckpt.text_config["vocab_size"])
+    )
+    adapters = bool(ckpt.tasks)
 
+    def made(file: str, write: Callable[[Path], object]) -> str:
+        """``file`` in ``out_dir``: kept when converted from this source before, else written."""
+        if _fresh(previous, fingerprint, out_dir, file):
+            say(f"{file}: up to date")
+        else:
+            write(out_dir / file)
+        return file
+
+    def quantized(src: str, q: str) -> str:
+        """``src`` quantised to ``q``, named like ``src``."""
+        qname = src.replace(f"-{dtype}.gguf", f"-{q}.gguf")
+        return made(
+            qname, lambda dst: say(f"{qname}: quantising") or quantize(out_dir / src, dst, q)
+        )
+
+    start = time.perf_counter()
+    mm = made(
+        f"mmproj-{dtype}.gguf",
+        lambda dst: write_mmproj_gguf(ckpt, dst, dtype, name, progress=say),
+    )
+    manifest.mmproj[dtype] = mm
+    for q in mmproj_quants or []:
+        # The flat patch weight is named *.weight_flat, which llama-quantize leaves as it is:
+        # 1176 columns are no multiple of a quant block. The MLP is padded to 3584 (tensor_map),
+        # so every other matrix quantises.
+        manifest.mmproj[q] = quantized(mm, q)
+    for task in wanted:
+        adapter = task if adapters else None
+        files = TaskFiles()
+        files.text[dtype] = made(
+            f"text-{task}-{dtype}.gguf",
+            lambda dst, adapter=adapter, task=task: write_text_gguf(
+                ckpt, adapter, dst, dtype, vocab, merges, f"{name}-{task}", progress=say
+            ),
+        )
+        for q in quants or []:
+            files.text[q] = quantized(files.text[dtype], q)
+        if ckpt.has_projector:
+            files.projector = f"projector-{task}.npz"
+            write_projector(ckpt, adapter, out_dir / files.projector)
+        manifest.tasks[task] = files
+    manifest.record_files(out_dir)
+    (out_dir / MANIFEST).write_text(manifest.to_json())
+    say(f"converted {name} ({', '.join(wanted)}) in {time.perf_counter() - start:.1f} s")
+    return manifest
+
+
+def _check_types(dtype: str, quants: list[str], mmproj_quants: list[str]) -> None:
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
+    for q in quants:
+        if q not in QUANT_TYPES:
+            raise ValueError(f"unknown quantisation {q!r}; choose from {list(QUANT_TYPES)}")
+    for q in mmproj_quants:
+        if q not in MMPROJ_QUANT_TYPES:
+            raise ValueError(
+                f"vision tower quantisation {q!r} not supported; choose from "
+                f"{list(MMPROJ_QUANT_TYPES)}"
+            )
+
+
+def _wanted_tasks(ckpt: Checkpoint, tasks: list[str] | None) -> list[str]:
+    """The adapter tasks to convert; a checkpoint without adapters has one, named by the user."""
+    available = ckpt.tasks
+    if available:
+        wanted = list(available) if not tasks or tasks == ["all"] else tasks
+        unknown = [t for t in wanted if t not in available]
+        if unknown:
+            raise ValueError(f"unknown task(s) {unknown}; this checkpoint has {list(available)}")
+        return wanted
+    # a plain Qwen2.5-VL (e.g. a merged "-vllm-" jina variant): one task, the one merged in
+    if tasks and (len(tasks) != 1 or tasks[0] == "all"):
+        raise ValueError("a checkpoint without adapters has one task; name it with --task")
+    return tasks or ["retrieval"]
+
+
+def _new_manifest(
+    ckpt: Checkpoint, wanted: list[str], fingerprint: str, previous: Manifest | None
+) -> Manifest:
+    """What the service will read about this model; files are filled in as they are made."""
     from llama_patches.build import PIN, patch_hash
 
-    tc = ckpt.text_config
-    name = ckpt.files.root.name
-    tok_file = "tokenizer.json"
-    (out_dir / tok_file).write_bytes((ckpt.files.root / tok_file).read_bytes())
-    vocab, merges = gguf_vocab(ckpt.files.root / tok_file, int(tc["vocab_size"]))
-    pre = ckpt.preprocessor
+    tc, vc, pre = ckpt.text_config, ckpt.config["vision_config"], ckpt.preprocessor
     manifest = Manifest(
-        model_name=name,
-        source_kind="jina-v4" if is_jina else "qwen2.5-vl",
+        model_name=ckpt.files.root.name,
+        source_kind="jina-v4" if ckpt.tasks else "qwen2.5-vl",
         hidden_size=int(tc["hidden_size"]),
         multi_vector_dim=(
             int(ckpt.config.get("multi_vector_projector_dim", 128)) if ckpt.has_projector else None
@@ -157,78 +221,25 @@ def convert(
         or [int(tc["hidden_size"])],
         prompts=dict(TEXT_PREFIX),
         image_prompt=IMAGE_TEMPLATE,
-        min_pixels=int(pre.get("min_pixels", 3136)),
-        max_pixels=int(pre.get("max_pixels", 602112)),
-        patch_size=int(ckpt.config["vision_config"].get("patch_size", 14)),
-        merge_size=int(ckpt.config["vision_config"].get("spatial_merge_size", 2)),
-        temporal_patch_size=int(ckpt.config["vision_config"].get("temporal_patch_size", 2)),
+        min_pixels=int(pre.get("min_pixels", constants.MIN_PIXELS)),
+        max_pixels=int(pre.get("max_pixels", constants.MAX_PIXELS)),
+        patch_size=int(vc.get("patch_size", constants.PATCH_SIZE)),
+        merge_size=int(vc.get("spatial_merge_size", constants.MERGE_SIZE)),
+        temporal_patch_size=int(vc.get("temporal_patch_size", constants.TEMPORAL_PATCH_SIZE)),
         mmproj={},
         tasks={},
-        tokenizer=tok_file,
+        tokenizer="tokenizer.json",
         llama_cpp={"pin": PIN, "patch_hash": patch_hash()},
         source_fingerprint=fingerprint,
         default_task=wanted[0],
-        files=dict(previous.files)
-        if previous and previous.source_fingerprint == fingerprint
-        else {},
+        files=dict(previous.files) if previous else {},
     )
     if not ckpt.has_projector:
         manifest.notes.append(
             "no multi_vector_projector in the checkpoint: single-vector embeddings only"
         )
-    if not is_jina:
+    if not ckpt.tasks:
         manifest.notes.append(
             f"no task adapters: weights served as they are, under the task name {wanted[0]!r}"
         )
-
-    start = time.perf_counter()
-    mm = f"mmproj-{dtype}.gguf"
-    if _fresh(previous, fingerprint, out_dir, mm):
-        say(f"{mm}: up to date")
-    else:
-        write_mmproj_gguf(ckpt, out_dir / mm, dtype, name, progress=say)
-    manifest.mmproj[dtype] = mm
-
-    def quantized(src: str, q: str) -> str:
-        """``src`` quantised to ``q`` (made once per source), named like ``src``."""
-        qname = src.replace(f"-{dtype}.gguf", f"-{q}.gguf")
-        if _fresh(previous, fingerprint, out_dir, qname):
-            say(f"{qname}: up to date")
-        else:
-            say(f"{qname}: quantising")
-            quantize(out_dir / src, out_dir / qname, q)
-        return qname
-
-    for q in mmproj_quants or []:
-        # The flat patch weight is named *.weight_flat, which llama-quantize leaves as it is:
-        # 1176 columns are no multiple of a quant block. The MLP is padded to 3584 (tensor_map),
-        # so every other matrix quantises.
-        manifest.mmproj[q] = quantized(mm, q)
-    for task in wanted:
-        files = TaskFiles()
-        text = f"text-{task}-{dtype}.gguf"
-        if _fresh(previous, fingerprint, out_dir, text):
-            say(f"{text}: up to date")
-        else:
-            write_text_gguf(
-                ckpt,
-                task if is_jina else None,
-                out_dir / text,
-                dtype,
-                vocab,
-                merges,
-                f"{name}-{task}",
-                progress=say,
-            )
-        files.text[dtype] = text
-        for q in quants or []:
-            files.text[q] = quantized(text, q)
-        if ckpt.has_projector:
-            proj = f"projector-{task}.npz"
-            write_projector(ckpt, task if is_jina else None, out_dir / proj)
-            files.projector = proj
-        manifest.tasks[task] = files
-    manifest.record_files(out_dir)
-    (out_dir / MANIFEST).write_text(manifest.to_json())
-    say(f"converted {name} ({', '.join(wanted)}) in {time.perf_counter() - start:.1f} s")
     return manifest
