@@ -47,6 +47,11 @@ def start_server(
         ctx_per_slot=ctx,
         vision_batch_tokens=vision_batch_tokens,
     )
+    return start_spec(spec, log_dir)
+
+
+def start_spec(spec: ServerSpec, log_dir: Path) -> ManagedServer:
+    """Start a llama-server for ``spec`` and wait until it is healthy (or say why not)."""
     server = ManagedServer(spec, log_dir / f"llama-server-{spec.port}.log")
     server.start()
     deadline = time.monotonic() + 120

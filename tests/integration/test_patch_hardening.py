@@ -17,7 +17,6 @@ import asyncio
 import base64
 import io
 import struct
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from preprocess_service.image import patchify
 from preprocess_service.supervisor import ManagedServer, ServerSpec, free_port
 from vlembed.tasks import IMAGE_TEMPLATE
 
-from .conftest import backend_rows, row_cosines, run
+from .conftest import backend_rows, row_cosines, run, start_spec
 
 pytestmark = pytest.mark.integration
 BOUND = 0.99999
@@ -48,23 +47,6 @@ def _check(rows: np.ndarray, ref) -> tuple[float, float]:
     pooled = rows[ref.pool_start : ref.pool_end].mean(0)
     pooled /= np.linalg.norm(pooled)
     return float(cos.min()), float(pooled @ ref.single)
-
-
-def _start(spec: ServerSpec, log_dir: Path) -> ManagedServer:
-    server = ManagedServer(spec, log_dir / f"llama-server-{spec.port}.log")
-    server.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if server.exited() is not None:
-            raise RuntimeError(f"llama-server exited:\n{server.log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(spec.url + "/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.stop()
-    raise RuntimeError(f"llama-server not healthy:\n{server.log_path.read_text()[-3000:]}")
 
 
 def _spec(binary: Path, model: Path, mmproj: Path, **kw) -> ServerSpec:
@@ -145,7 +127,7 @@ def test_half_mmproj_image_rows(
         half_converted[dtype] / f"mmproj-{dtype}.gguf",
         parallel=1,
     )
-    server = _start(spec, tmp_path)
+    server = start_spec(spec, tmp_path)
     try:
         img = _img(100, 150, 7)
         ref = tiny_reference.encode_image(img)
@@ -196,7 +178,7 @@ def test_spatial_merge_other_than_2_refuses_precomputed_patches(
         tiny_converted / "mmproj-f32.gguf", mmproj, **{"clip.vision.spatial_merge_size": 1}
     )
     spec = _spec(server_binary, tiny_converted / "text-retrieval-f32.gguf", mmproj, parallel=1)
-    server = _start(spec, tmp_path)
+    server = start_spec(spec, tmp_path)
     try:
         caps = httpx.get(spec.url + "/props").json()["vlembed"]
         assert caps["precomputed_patches"] is False, caps
@@ -231,7 +213,7 @@ def test_image_max_tokens_refuses_a_larger_grid_with_400(
         image_max_tokens=64,  # 64 merged tokens = 256 patches
     )
     assert spec.argv()[spec.argv().index("--image-max-tokens") + 1] == "64"
-    server = _start(spec, tmp_path)
+    server = start_spec(spec, tmp_path)
     try:
         props = httpx.get(spec.url + "/props").json()
         assert props["vlembed"]["max_patches"] == 256, props["vlembed"]
@@ -272,7 +254,7 @@ def batching_server(server_binary, tiny_converted, tmp_path_factory) -> Iterator
         tiny_converted / "mmproj-f32.gguf",
         vision_batch_tokens=1024,
     )
-    server = _start(spec, tmp_path_factory.mktemp("logs"))
+    server = start_spec(spec, tmp_path_factory.mktemp("logs"))
     yield server
     server.stop()
 
