@@ -29,6 +29,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from vlembed.paths import cache_root
+
 PIN = "llama-cpp-python==0.3.36"
 """The PyPI sdist whose vendor/llama.cpp is the llama.cpp revision the patches are made for."""
 
@@ -72,15 +74,6 @@ class BuildError(RuntimeError):
 
 def _pin_slug() -> str:
     return PIN.replace("==", "-").replace("/", "_")
-
-
-def cache_root() -> Path:
-    """Where sources and builds live: $VLEMBED_CACHE, else ~/.cache/vlembed.
-
-    Outside the repository on purpose: the tree is ~180 MB and a build several hundred MB.
-    """
-    env = os.environ.get("VLEMBED_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "vlembed"
 
 
 def patch_files() -> list[Path]:
@@ -334,68 +327,72 @@ def build_server(
         if done():
             return bin_dir
         tools = _find_tools(cuda)
-        pristine = pristine_source()
         start = time.monotonic()
-
-        # a fresh patched copy every time a build is (re)started: a half-patched tree from an
-        # interrupted run must never be built
-        src = base / "src"
-        if base.exists():
-            shutil.rmtree(base)
-        base.mkdir(parents=True)
-        _log(f"copying {pristine} -> {src}")
-        shutil.copytree(pristine, src, ignore=_top_level_ignore(pristine), symlinks=True)
-        _apply_series(src, tools["apply"])
-
-        build = base / "build"
-        configure = [
-            tools["cmake"],
-            "-S",
-            str(src),
-            "-B",
-            str(build),
-            *BASE_CMAKE_ARGS,
-        ]
-        if cuda:
-            configure.append("-DGGML_CUDA=ON")
-        configure += _extra_cmake_args(cmake_args)
-        _run_streamed(configure)
-
-        n_jobs = jobs or os.cpu_count() or 1
-        _run_streamed(
-            [
-                tools["cmake"],
-                "--build",
-                str(build),
-                "--config",
-                "Release",
-                "-j",
-                str(n_jobs),
-                "--target",
-                *TARGETS,
-            ]
-        )
-
+        src = _patched_copy(base, tools["apply"])
+        configure = _cmake_build(tools["cmake"], src, base / "build", cuda, cmake_args, jobs)
         missing = [t for t in TARGETS if not (bin_dir / t).is_file()]
         if missing:
             raise BuildError(f"build finished but {', '.join(missing)} not found in {bin_dir}")
-        marker.write_text(
-            json.dumps(
-                {
-                    "pin": PIN,
-                    "upstream_commit": UPSTREAM_COMMIT,
-                    "patch_hash": patch_hash(),
-                    "patches": [p.name for p in patch_files()],
-                    "cuda": cuda,
-                    "cmake_args": configure[5:],
-                    "seconds": round(time.monotonic() - start, 1),
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        record = {
+            "pin": PIN,
+            "upstream_commit": UPSTREAM_COMMIT,
+            "patch_hash": patch_hash(),
+            "patches": [p.name for p in patch_files()],
+            "cuda": cuda,
+            "cmake_args": configure[5:],
+            "seconds": round(time.monotonic() - start, 1),
+        }
+        marker.write_text(json.dumps(record, indent=2) + "\n")
         _log(f"built {', '.join(TARGETS)} in {time.monotonic() - start:.0f} s")
     return bin_dir
+
+
+def _patched_copy(base: Path, apply_tool: str) -> Path:
+    """A fresh patched copy of the pristine tree at ``base/src``.
+
+    Fresh every time a build is (re)started: a half-patched tree from an interrupted run must
+    never be built.
+    """
+    pristine = pristine_source()
+    src = base / "src"
+    if base.exists():
+        shutil.rmtree(base)
+    base.mkdir(parents=True)
+    _log(f"copying {pristine} -> {src}")
+    shutil.copytree(pristine, src, ignore=_top_level_ignore(pristine), symlinks=True)
+    _apply_series(src, apply_tool)
+    return src
+
+
+def _cmake_build(
+    cmake: str,
+    src: Path,
+    build: Path,
+    cuda: bool,
+    cmake_args: Sequence[str] | None,
+    jobs: int | None,
+) -> list[str]:
+    """Configure and build ``TARGETS``; return the configure command (recorded in the marker)."""
+    configure = [cmake, "-S", str(src), "-B", str(build), *BASE_CMAKE_ARGS]
+    if cuda:
+        configure.append("-DGGML_CUDA=ON")
+    configure += _extra_cmake_args(cmake_args)
+    _run_streamed(configure)
+    n_jobs = jobs or os.cpu_count() or 1
+    _run_streamed(
+        [
+            cmake,
+            "--build",
+            str(build),
+            "--config",
+            "Release",
+            "-j",
+            str(n_jobs),
+            "--target",
+            *TARGETS,
+        ]
+    )
+    return configure
 
 
 def server_binary(cuda: bool = False) -> Path:
