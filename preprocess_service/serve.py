@@ -166,7 +166,7 @@ def build_state(settings: ServeSettings, model_dir: Path | None = None) -> AppSt
         limits=QueueLimits(max_queue=settings.max_queue, request_timeout=settings.request_timeout),
         policy=policy,
     )
-    return AppState(
+    state = AppState(
         service=service,
         limits=Limits(
             max_items=settings.max_items,
@@ -180,6 +180,23 @@ def build_state(settings: ServeSettings, model_dir: Path | None = None) -> AppSt
         ),
         managed=managed,
     )
+    if settings.index is not None:
+        state.search = _open_index(settings.index, state)
+    return state
+
+
+def _open_index(path: Path, state: AppState):
+    """The document index for ``/v1/search``, read-only; refused unless its model is ours."""
+    from preprocess_service.search import IndexOpenError, SearchService
+
+    try:
+        return SearchService.open(path, state.service, state.limits)
+    except IndexOpenError as exc:
+        raise SystemExit(f"vlembed serve: {exc}") from exc
+    except ImportError as exc:
+        raise SystemExit(
+            f"vlembed serve: --index needs the index extra (pip install 'vlembed[index]'): {exc}"
+        ) from exc
 
 
 def main(argv: list[str] | None = None) -> int:

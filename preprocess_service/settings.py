@@ -89,6 +89,11 @@ class ServeSettings(BaseSettings):
         description="llama.cpp CPU weight repacking; auto: off for K-quant and IQ variants, whose "
         "tiled VNNI kernels only run on weights that are not repacked (1.55x text measured)",
     )
+    index: Path | None = Field(
+        None,
+        description="serve POST /v1/search and the search page at / over this document index "
+        "(built by vlembed index with the same model; opened read-only)",
+    )
     log_level: str = Field("info", description="log level")
 
     @field_validator("backends", mode="before")

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("preprocess_service.serve", "run the embeddings API (and its llama-servers)"),
     "index": ("vlembed.index.cli", "index PDFs and images into a local document index"),
     "search": ("vlembed.index.cli", "search a document index"),
+    "ui": ("preprocess_service.ui.cli", "serve the search page over a document index"),
     "convert": ("gguf_convert.cli", "convert a jina-v4 / Qwen2.5-VL checkpoint to GGUF"),
     "make-synthetic": (
         "gguf_convert.synthetic",

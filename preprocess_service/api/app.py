@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from preprocess_service.api import errors as api_errors
+from preprocess_service.api import search as api_search
 from preprocess_service.api.guard import RequestGuard
 from preprocess_service.api.lifecycle import AppState, lifespan
 from preprocess_service.api.protocol import (
@@ -56,6 +57,10 @@ def create_app(state: AppState) -> FastAPI:
     app.add_exception_handler(RequestValidationError, api_errors.validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, api_errors.http_error_handler)
     app.add_middleware(RequestGuard, config=state.guard)
+    if state.search is not None:
+        from preprocess_service.ui import PageFiles
+
+        app.add_middleware(PageFiles)  # outside the guard: the page loads without the key
     app.add_api_route(
         "/v1/embeddings",
         embeddings,
@@ -67,6 +72,7 @@ def create_app(state: AppState) -> FastAPI:
     app.add_api_route(
         "/v1/models/{model_id:path}", model, methods=["GET"], response_model=ModelCard
     )
+    api_search.register(app)
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     return app

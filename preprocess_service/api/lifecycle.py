@@ -7,6 +7,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -14,6 +15,9 @@ from preprocess_service.api.guard import GuardConfig
 from preprocess_service.embedder import EmbeddingService
 from preprocess_service.supervisor import ManagedServer
 from preprocess_service.validate import Limits
+
+if TYPE_CHECKING:
+    from preprocess_service.search import SearchService
 
 
 @dataclass
@@ -24,6 +28,7 @@ class AppState:
     managed: list[tuple[ManagedServer, str]] = field(default_factory=list)  # (server, task)
     startup_timeout: float = 180.0
     monitor_interval: float = 0.5
+    search: SearchService | None = None  # --index: POST /v1/search and the search page
 
 
 async def _wait_ready(state: AppState) -> None:
