@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from vlembed.constants import VARIANTS
 
-FlashAttn = Literal["auto", "on", "off"]
+AutoOnOff = Literal["auto", "on", "off"]
 
 
 def _in_container() -> bool:
@@ -68,7 +68,7 @@ class ServeSettings(BaseSettings):
     allow_file_dir: Path | None = Field(
         None, description="serve file:// image paths inside this directory"
     )
-    flash_attn: FlashAttn = Field(
+    flash_attn: AutoOnOff = Field(
         "auto",
         description="flash attention in the language model; auto: off for the f32 (parity) "
         "variant, on otherwise (costs ~7e-6 of row cosine). The vision tower always uses it",
@@ -84,7 +84,7 @@ class ServeSettings(BaseSettings):
         "this many image tokens (a 448x448 image is 256); 1 turns it off. Measured on 2 CPU "
         "cores: 0-15%% more images/s with 4-8 requests in flight, 110-230 MB more peak memory",
     )
-    repack: FlashAttn = Field(
+    repack: AutoOnOff = Field(
         "auto",
         description="llama.cpp CPU weight repacking; auto: off for K-quant and IQ variants, whose "
         "tiled VNNI kernels only run on weights that are not repacked (1.55x text measured)",
