@@ -26,7 +26,6 @@ from preprocess_service.api.protocol import (
     EmbeddingData,
     EmbeddingRequest,
     EmbeddingResponse,
-    ErrorResponse,
     ModelCard,
     ModelList,
     Usage,
@@ -38,11 +37,7 @@ from vlembed.errors import VlembedError
 
 __all__ = ["AppState", "create_app"]
 
-_ERROR_RESPONSES = {
-    status: {"model": ErrorResponse, "description": kind}
-    for _, status, kind in api_errors.STATUS_TABLE
-    if status < 500 or status in (502, 503, 504)
-}
+_ERROR_RESPONSES = api_errors.openapi_error_responses()
 
 
 def create_app(state: AppState) -> FastAPI:

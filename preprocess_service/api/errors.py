@@ -34,6 +34,19 @@ STATUS_TABLE: tuple[tuple[type[VlembedError], int, str], ...] = (
     (BackendError, 502, "backend_error"),
     (VlembedError, 500, "server_error"),
 )
+
+
+def openapi_error_responses() -> dict[int, dict]:
+    """The error statuses a route may answer, for its OpenAPI ``responses`` (from the table)."""
+    from preprocess_service.api.protocol import ErrorResponse
+
+    return {
+        status: {"model": ErrorResponse, "description": kind}
+        for _, status, kind in STATUS_TABLE
+        if status < 500 or status in (502, 503, 504)
+    }
+
+
 # statuses the framework or the server itself answers
 _HTTP_KINDS = {
     404: "not_found_error",

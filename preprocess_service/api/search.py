@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from preprocess_service.api.errors import STATUS_TABLE
+from preprocess_service.api.errors import openapi_error_responses
 from preprocess_service.api.protocol import ErrorResponse
 from preprocess_service.api.search_protocol import (
     MatchMap,
@@ -27,11 +27,9 @@ from preprocess_service.search import FoundPage, SearchResult, SearchService
 __all__ = ["THUMBNAIL_PATH", "register"]
 
 THUMBNAIL_PATH = "/v1/search/thumbnail"
-_ERROR_RESPONSES = {
-    status: {"model": ErrorResponse, "description": kind}
-    for _, status, kind in STATUS_TABLE
-    if status < 500 or status in (502, 503, 504)
-} | {404: {"model": ErrorResponse, "description": "not_found_error"}}
+_ERROR_RESPONSES = openapi_error_responses() | {
+    404: {"model": ErrorResponse, "description": "not_found_error"}
+}
 
 
 def register(app: FastAPI) -> None:
