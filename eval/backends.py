@@ -40,6 +40,7 @@ __all__ = [
     "Item",
     "ModelSpec",
     "ReferenceBackend",
+    "RememberingBackend",
     "column_labels",
     "open_backend",
     "parse_spec",
@@ -179,6 +180,51 @@ class ReferenceBackend:
 
     def close(self) -> None:
         self._cache.clear()
+
+
+class RememberingBackend:
+    """A backend that embeds each (task, input, form) once until :meth:`forget`.
+
+    Scoring one task under several storage options changes only how page rows are stored, not
+    the rows themselves, so every option after the first is answered from memory instead of
+    embedding the corpus again (a ViDoRe task is ~500 pages: ~180 MB of rows on the real model,
+    which is why the caller forgets after each task).
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name = backend.name
+        self.revision = backend.revision
+        self.n_parameters = backend.n_parameters
+        self.dim = backend.dim
+        self.multi_dim = backend.multi_dim
+        self._memory: dict[tuple, np.ndarray] = {}
+
+    def embed(
+        self,
+        items: Sequence[Item],
+        *,
+        task: str,
+        multivector: bool,
+        dimensions: int | None = None,
+    ) -> list[np.ndarray]:
+        keys = [(task, multivector, dimensions, *_item_key(item)) for item in items]
+        todo = [i for i, key in enumerate(keys) if key not in self._memory]
+        if todo:
+            fresh = self.backend.embed(
+                [items[i] for i in todo], task=task, multivector=multivector, dimensions=dimensions
+            )
+            for i, vector in zip(todo, fresh, strict=True):
+                self._memory[keys[i]] = vector
+        return [self._memory[key] for key in keys]
+
+    def forget(self) -> None:
+        """Drop everything remembered (between tasks)."""
+        self._memory.clear()
+
+    def close(self) -> None:
+        self.forget()
+        self.backend.close()
 
 
 def checkpoint_revision(model_dir: Path) -> str:

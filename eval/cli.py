@@ -3,7 +3,9 @@
 Subcommands (each prints ``--help``):
 
 - ``vidore``: MTEB's ViDoRe tasks (``--benchmark "ViDoRe(v1)"`` or ``--tasks ...``) on one or
-  more models; writes MTEB result files and a task x model nDCG@5 table;
+  more models; writes MTEB result files and a task x model nDCG@5 table; with
+  ``--multivector --storage SPEC...`` one column per index storage option (``float32``,
+  ``pool2``, ``pool3-average``, ``binary``, ``pool2+binary``), each page embedded once;
 - ``make-docs``: generate a local document-retrieval set (pages, queries, qrels);
 - ``local``: the same MTEB harness on such a set, fully offline;
 - ``parity``: variants against the reference on such a set (vectors, scores, rankings,
@@ -51,6 +53,26 @@ def _http_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _storage_spec(text: str) -> Any:
+    from vlembed.index.codec import StorageOptions
+
+    try:
+        return StorageOptions.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _add_storage_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--storage",
+        action="append",
+        type=_storage_spec,
+        metavar="SPEC",
+        help="with --multivector: score pages as an index stored with these options "
+        "(float32, binary, poolN, poolN-average, joined by '+'); repeat for more columns",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vlembed eval",
@@ -68,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     vid.add_argument("--multivector", action="store_true", help="MaxSim over per-token rows")
     vid.add_argument("--dimensions", type=int, help="Matryoshka truncation (single vector)")
+    _add_storage_option(vid)
     vid.add_argument("--out", type=Path, help="results folder (default: MTEB's cache)")
     vid.add_argument("--offline", action="store_true", help="never contact the Hugging Face hub")
     vid.add_argument("--download", action="store_true", help="only fetch the datasets, then exit")
@@ -86,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     loc.add_argument("--model", action="append", required=True, metavar="SPEC")
     loc.add_argument("--multivector", action="store_true")
     loc.add_argument("--dimensions", type=int)
+    _add_storage_option(loc)
     loc.add_argument("--out", type=Path, help="results folder (default: MTEB's cache)")
     loc.add_argument("--batch-size", type=int, default=8)
     _add_http_options(loc)
@@ -123,30 +147,54 @@ def _close(backends: Sequence[Any]) -> None:
 def _mteb_models(args: argparse.Namespace, tasks: list, out: Path | None) -> dict[str, dict]:
     """Evaluate every --model on ``tasks``; return ``{column label: {task: MTEB scores}}``."""
     from eval.backends import column_labels
-    from eval.mteb_encoder import VlembedEncoder
-    from eval.mteb_run import evaluate, split_scores
     from eval.report import slug
 
+    if args.storage and not args.multivector:
+        raise ValueError("--storage applies to multi-vectors: add --multivector")
     specs, backends = _open(args.model, args)
     columns: dict[str, dict] = {}
     try:
         labels = column_labels(specs, backends)
         for label, spec, backend in zip(labels, specs, backends, strict=True):
             name = f"vlembed/{slug(label)}" if spec.label or label != backend.name else None
-            encoder = VlembedEncoder(
-                name, backend=backend, multivector=args.multivector, dimensions=args.dimensions
-            )
             print(f"evaluating {label} on {len(tasks)} task(s)", file=sys.stderr)
-            results = evaluate(
-                encoder,
-                tasks,
-                out,
-                batch_size=args.batch_size,
-                resume=getattr(args, "resume", False),
-            )
-            columns[label] = {r.task_name: split_scores(r) for r in results}
+            if args.storage:
+                columns.update(_per_storage_option(args, name, label, backend, tasks, out))
+                continue
+            columns[label] = _run(args, name, backend, tasks, out)
     finally:
         _close(backends)
+    return columns
+
+
+def _run(
+    args: argparse.Namespace, name: str | None, backend: Any, tasks: list, out: Path | None, **kw
+) -> dict[str, dict]:
+    from eval.mteb_encoder import VlembedEncoder
+    from eval.mteb_run import evaluate, split_scores
+
+    encoder = VlembedEncoder(
+        name, backend=backend, multivector=args.multivector, dimensions=args.dimensions, **kw
+    )
+    results = evaluate(
+        encoder, tasks, out, batch_size=args.batch_size, resume=getattr(args, "resume", False)
+    )
+    return {r.task_name: split_scores(r) for r in results}
+
+
+def _per_storage_option(
+    args: argparse.Namespace, name: str | None, label: str, backend: Any, tasks: list, out
+) -> dict[str, dict]:
+    """One column per ``--storage`` option; each task's inputs are embedded once for all."""
+    from eval.backends import RememberingBackend
+
+    remembering = RememberingBackend(backend)
+    columns: dict[str, dict] = {f"{label} {o.spec}": {} for o in args.storage}
+    for task in tasks:
+        for options in args.storage:
+            scores = _run(args, name, remembering, [task], out, storage=options)
+            columns[f"{label} {options.spec}"].update(scores)
+        remembering.forget()
     return columns
 
 

@@ -16,6 +16,11 @@ Two modes:
   ``max_sim`` zero-pads documents, which clamps a query row whose best real dot product is
   negative at 0; scoring here pads nothing, so the numbers equal the brute-force definition.
 
+With ``storage`` (multi-vector only), every document's rows are scored as an index built with
+those options stores them (:func:`vlembed.index.codec.stored_rows`: pooled cluster means, sign
+bits read as +1/-1); queries stay float. That is ViDoRe for each ``vlembed index`` storage
+option, exhaustive MaxSim over the whole corpus (no first stage).
+
 Requests use the service's task vocabulary: queries ``retrieval.query``, documents
 ``retrieval.passage`` (images get the image template whatever the role), ``code.*`` for
 programming tasks, ``text-matching`` when MTEB gives no prompt type (symmetric tasks).
@@ -33,6 +38,7 @@ from PIL import Image
 
 from eval import scoring
 from eval.backends import Backend, ReferenceBackend, open_backend
+from vlembed.index.codec import StorageOptions, stored_rows
 
 if TYPE_CHECKING:
     from mteb.abstasks.task_metadata import TaskMetadata
@@ -71,6 +77,7 @@ def build_model_meta(
     multivector: bool = False,
     dimensions: int | None = None,
     spec: str | None = None,
+    storage: StorageOptions | None = None,
 ) -> ModelMeta:
     """ModelMeta stating only what is known about the model behind ``backend``.
 
@@ -79,7 +86,7 @@ def build_model_meta(
     date and memory stay ``None``; the parameter count is filled in only when the reference has
     the model in hand, the widths when the backend knows them (the reference, or the service's
     ``/v1/models``). Single- and multi-vector runs of one model differ in
-    ``experiment_kwargs``, so MTEB keeps their results apart.
+    ``experiment_kwargs``, so MTEB keeps their results apart (and so do storage options).
     """
     is_reference = isinstance(backend, ReferenceBackend)
     experiment: dict[str, Any] = {}
@@ -87,6 +94,8 @@ def build_model_meta(
         experiment["vector_type"] = "multi_vector"
     if dimensions is not None:
         experiment["dimensions"] = dimensions
+    if storage is not None:
+        experiment["storage"] = storage.spec
     loader_kwargs: dict[str, Any] = {}
     if spec is not None:
         loader_kwargs = {"backend": spec, "multivector": multivector, "dimensions": dimensions}
@@ -150,6 +159,8 @@ class VlembedEncoder(AbsEncoder):
             (``http://…``, ``reference:DIR``, ``reference``).
         multivector: Score with MaxSim over per-token rows instead of one vector per input.
         dimensions: Matryoshka truncation of the single vector (single-vector mode only).
+        storage: Score documents as an index with these storage options would (multi-vector
+            mode only).
         **kwargs: HTTP options when ``backend`` is an ``http://`` spec
             (see :class:`vlembed.Client`).
     """
@@ -163,20 +174,25 @@ class VlembedEncoder(AbsEncoder):
         backend: Backend | str,
         multivector: bool = False,
         dimensions: int | None = None,
+        storage: StorageOptions | None = None,
         **kwargs: Any,
     ) -> None:
         if multivector and dimensions is not None:
             raise ValueError("dimensions (Matryoshka) applies to single vectors, not multivector")
+        if storage is not None and not multivector:
+            raise ValueError("storage options apply to multi-vectors; add multivector=True")
         spec = backend if isinstance(backend, str) else None
         self.backend: Backend = open_backend(backend, **kwargs) if spec else backend  # type: ignore[assignment]
         self.multivector = multivector
         self.dimensions = dimensions
+        self.storage = storage
         self.mteb_model_meta = build_model_meta(
             self.backend,
             name=model_name,
             multivector=multivector,
             dimensions=dimensions,
             spec=spec,
+            storage=storage,
         )
 
     def encode(
@@ -200,6 +216,8 @@ class VlembedEncoder(AbsEncoder):
                 )
             )
         if self.multivector:
+            if self.storage is not None and prompt_type == PromptType.document:
+                return [stored_rows(v, self.storage) for v in vectors]
             return vectors
         if not vectors:
             return np.zeros((0, 0), dtype=np.float32)

@@ -92,6 +92,58 @@ def test_local_command_prints_scores(
     assert (tmp_path / "results" / "vlembed__ref").is_dir()
 
 
+def test_local_command_one_column_per_storage_option(
+    tiny_backend,
+    mini_docs,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    warm_reference: None,
+) -> None:
+    """Each page is embedded once, whatever the number of storage options."""
+    import eval.backends
+
+    embedded: list[int] = []
+    real_embed = type(tiny_backend).embed
+
+    def counting_embed(self, items, **kw):
+        if kw["task"] == "retrieval.passage":
+            embedded.append(len(items))
+        return real_embed(self, items, **kw)
+
+    monkeypatch.setattr(eval.backends.ReferenceBackend, "embed", counting_embed)
+    status = vlembed(
+        [
+            "eval",
+            "local",
+            "--docs",
+            str(mini_docs.root),
+            "--model",
+            "reference",
+            "--multivector",
+            "--storage",
+            "float32",
+            "--storage",
+            "pool2+binary",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert status == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    columns = ["reference float32", "reference pool2+binary"]
+    assert [ln.split(":")[0] for ln in lines[-2:]] == columns
+    assert sum(embedded) == len(mini_docs.corpus)
+    assert set(json.loads((tmp_path / "local_scores.json").read_text())) == set(columns)
+
+
+def test_bad_storage_spec_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        vlembed(["eval", "local", "--docs", "D", "--model", "reference", "--storage", "int8"])
+    assert exc.value.code == 2
+    assert "unknown storage option 'int8'" in capsys.readouterr().err
+
+
 def test_parity_command(
     tiny_checkpoint: Path,
     mini_docs,
@@ -128,6 +180,10 @@ def test_parity_command(
         (["local", "--docs", "DOCS", "--model", "ftp://x"], "unknown model spec 'ftp://x'"),
         (["parity", "--models", "reference", "--docs", "NOWHERE", "--out", "OUT"], "make-docs"),
         (["vidore", "--benchmark", "ViDoRe(v1)"], "give --model"),
+        (
+            ["local", "--docs", "DOCS", "--model", "reference", "--storage", "pool2"],
+            "--storage applies to multi-vectors",
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_a_message(

@@ -25,10 +25,13 @@ from mteb.models.model_meta import ScoringFunction  # noqa: E402
 from mteb.types import PromptType  # noqa: E402
 
 from eval import scoring  # noqa: E402
+from eval.backends import RememberingBackend  # noqa: E402
 from eval.local_task import LOCAL_TASK_NAME, local_task  # noqa: E402
 from eval.mteb_encoder import VlembedEncoder, _batch_items, api_task  # noqa: E402
 from eval.mteb_run import evaluate, split_scores  # noqa: E402
 from vlembed.client import Client as HttpBackend  # noqa: E402
+from vlembed.index.codec import StorageOptions, stored_rows  # noqa: E402
+from vlembed.index.maxsim import maxsim  # noqa: E402
 
 
 def test_protocol_and_honest_meta(tiny_backend) -> None:
@@ -176,3 +179,79 @@ def test_mteb_over_http_equals_in_process(tiny_backend, small_docs, tmp_path: Pa
         assert "ndcg_at_5" in finite and "recall_at_5" in finite
         assert {k: a[k] for k in finite} == pytest.approx({k: b[k] for k in finite}, abs=1e-9)
     assert (tmp_path / "served" / "results" / "vlembed__mock-served").is_dir()
+
+
+class _Counting:
+    """A backend that counts the inputs it is asked to embed, per task."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.name, self.revision = backend.name, backend.revision
+        self.n_parameters, self.dim, self.multi_dim = (
+            backend.n_parameters,
+            backend.dim,
+            backend.multi_dim,
+        )
+        self.calls: dict[str, int] = {}
+
+    def embed(self, items, *, task, multivector, dimensions=None):
+        self.calls[task] = self.calls.get(task, 0) + len(items)
+        return self.backend.embed(items, task=task, multivector=multivector, dimensions=dimensions)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("spec", ["pool2", "binary", "pool3-average+binary"])
+def test_storage_options_score_pages_as_the_index_stores_them(
+    tiny_backend, small_docs, tmp_path: Path, spec: str
+) -> None:
+    options = StorageOptions.parse(spec)
+    enc = VlembedEncoder(backend=tiny_backend, multivector=True, storage=options)
+    assert enc.mteb_model_meta.experiment_kwargs == {
+        "vector_type": "multi_vector",
+        "storage": options.spec,
+    }
+    results = evaluate(
+        enc,
+        [local_task(small_docs.root)],
+        tmp_path / "results",
+        prediction_folder=tmp_path / "pred",
+        show_progress=False,
+    )
+    pages = tiny_backend.embed(
+        [small_docs.load_image(d) for d in small_docs.corpus],
+        task="retrieval.passage",
+        multivector=True,
+    )
+    queries = tiny_backend.embed(
+        [q.text for q in small_docs.queries], task="retrieval.query", multivector=True
+    )
+    stored = [stored_rows(p, options) for p in pages]
+    expected = np.array([[maxsim(q, d) for d in stored] for q in queries])
+    unpooled = scoring.maxsim_matrix(queries, pages)
+    assert not np.allclose(expected, unpooled, atol=1e-4)  # the option changed the scores
+    doc_ids = [d.id for d in small_docs.corpus]
+    per_query = json.loads((tmp_path / "pred" / f"{LOCAL_TASK_NAME}_predictions.json").read_text())
+    for qi, query in enumerate(small_docs.queries):
+        for doc_id, score in per_query["default"]["test"][query.id].items():
+            assert score == pytest.approx(expected[qi, doc_ids.index(doc_id)], rel=1e-5, abs=1e-5)
+    assert np.isfinite(split_scores(results[0])["ndcg_at_5"])
+    with pytest.raises(ValueError, match="multivector=True"):
+        VlembedEncoder(backend=tiny_backend, storage=options)
+
+
+def test_remembering_backend_embeds_each_input_once(tiny_backend, small_docs) -> None:
+    counting = _Counting(tiny_backend)
+    remembering = RememberingBackend(counting)
+    images = [small_docs.load_image(d) for d in small_docs.corpus[:3]]
+    first = remembering.embed(images, task="retrieval.passage", multivector=True)
+    again = remembering.embed(images[::-1], task="retrieval.passage", multivector=True)
+    assert counting.calls == {"retrieval.passage": 3}
+    assert all(np.array_equal(a, b) for a, b in zip(first, again[::-1], strict=True))
+    remembering.embed(images[:1], task="retrieval.query", multivector=True)  # another question
+    remembering.embed(images[:1], task="retrieval.passage", multivector=False)
+    assert counting.calls == {"retrieval.passage": 4, "retrieval.query": 1}
+    remembering.forget()
+    remembering.embed(images[:1], task="retrieval.passage", multivector=True)
+    assert counting.calls["retrieval.passage"] == 5

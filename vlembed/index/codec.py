@@ -30,6 +30,7 @@ __all__ = [
     "decode_rows",
     "encode_rows",
     "pool_rows",
+    "stored_rows",
 ]
 
 PoolMethod = Literal["ward", "average"]
@@ -69,6 +70,42 @@ class StorageOptions:
             pool_method=data.get("pool_method", "ward"),
             binary=bool(data.get("binary", False)),
         )
+
+    @classmethod
+    def parse(cls, spec: str) -> StorageOptions:
+        """Options from a short spec: ``float32``, ``binary``, ``pool2``, ``pool3-average``,
+        or parts joined by ``+`` (``pool2+binary``), as the command lines take them.
+
+        Raises:
+            ValueError: An unknown part, or a pool factor outside 1..4.
+        """
+        pool_factor, pool_method, binary = 1, "ward", False
+        for part in (p.strip().lower() for p in spec.split("+")):
+            if part == "float32":
+                continue
+            if part == "binary":
+                binary = True
+                continue
+            head, _, method = part.partition("-")
+            if head.startswith("pool") and head[4:].isdigit():
+                pool_factor, pool_method = int(head[4:]), method or "ward"
+                continue
+            raise ValueError(
+                f"unknown storage option {part!r} in {spec!r}; use float32, binary, poolN or "
+                f"poolN-average (N 1..{MAX_POOL_FACTOR}), joined by '+'"
+            )
+        return cls(pool_factor, pool_method, binary)  # type: ignore[arg-type]
+
+    @property
+    def spec(self) -> str:
+        """The short form :meth:`parse` reads back."""
+        parts = []
+        if self.pool_factor > 1:
+            method = "" if self.pool_method == "ward" else f"-{self.pool_method}"
+            parts.append(f"pool{self.pool_factor}{method}")
+        if self.binary:
+            parts.append("binary")
+        return "+".join(parts) or "float32"
 
     def label(self) -> str:
         parts = ["float32" if not self.binary else "binary"]
@@ -148,6 +185,12 @@ def decode_rows(data: bytes, n_rows: int, dim: int, binary: bool) -> np.ndarray:
         packed = np.frombuffer(data, dtype=np.uint8).reshape(n_rows, -1)
         return sign_rows(packed, dim)
     return np.frombuffer(data, dtype="<f4").reshape(n_rows, dim)
+
+
+def stored_rows(rows: np.ndarray, options: StorageOptions) -> np.ndarray:
+    """``rows`` as a search scores them once stored with ``options`` (pooled means, +1/-1)."""
+    encoded = encode_rows(rows, options)
+    return decode_rows(encoded.data, encoded.n_rows, encoded.dim, options.binary)
 
 
 def decode_labels(labels: bytes, n_rows: int) -> np.ndarray:

@@ -11,6 +11,7 @@ from vlembed.index.codec import (
     decode_rows,
     encode_rows,
     pool_rows,
+    stored_rows,
 )
 from vlembed.index.maxsim import maxsim
 
@@ -82,3 +83,34 @@ def test_invalid_options_name_the_allowed_values(kwargs, match) -> None:
 def test_options_round_trip_through_json() -> None:
     opts = StorageOptions(pool_factor=3, pool_method="average", binary=True)
     assert StorageOptions.from_dict(opts.to_dict()) == opts
+
+
+@pytest.mark.parametrize(
+    ("spec", "options"),
+    [
+        ("float32", StorageOptions()),
+        ("binary", StorageOptions(binary=True)),
+        ("pool2", StorageOptions(pool_factor=2)),
+        ("pool3-average", StorageOptions(pool_factor=3, pool_method="average")),
+        ("pool2+binary", StorageOptions(pool_factor=2, binary=True)),
+        (" Pool4 + BINARY ", StorageOptions(pool_factor=4, binary=True)),
+    ],
+)
+def test_storage_specs_parse_and_print_back(spec: str, options: StorageOptions) -> None:
+    assert StorageOptions.parse(spec) == options
+    assert StorageOptions.parse(options.spec) == options
+
+
+@pytest.mark.parametrize("spec", ["pool5", "pool0", "pool", "int8", "pool2-median", ""])
+def test_unknown_storage_specs_are_refused(spec: str) -> None:
+    with pytest.raises(ValueError):
+        StorageOptions.parse(spec)
+
+
+def test_stored_rows_are_what_search_scores() -> None:
+    rows = _rows(40)
+    assert np.array_equal(stored_rows(rows, StorageOptions()), rows)
+    signs = stored_rows(rows, StorageOptions(binary=True))
+    assert np.array_equal(signs, np.where(rows > 0, 1.0, -1.0).astype(np.float32))
+    pooled = stored_rows(rows, StorageOptions(pool_factor=2))
+    assert np.array_equal(pooled, pool_rows(rows, 2)[0])
