@@ -56,8 +56,7 @@ def _direct(client: Client, pages: list[Path], concurrency: int, batch: int) -> 
     chunks = [pages[i : i + batch] for i in range(0, len(pages), batch)]
 
     def one(chunk: list[Path]) -> None:
-        client.embed(chunk, task="retrieval.passage")
-        client.embed(chunk, task="retrieval.passage", multivector=True)
+        client.embed_both(chunk, task="retrieval.passage")
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:

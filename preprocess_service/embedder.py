@@ -44,6 +44,7 @@ class EmbedResult:
     n_tokens: int
     preprocess_s: float = 0.0  # decode + patchify + prompt + token count
     backend_s: float = 0.0  # llama-server round trip, rows decoded
+    single: np.ndarray | None = None  # [dim], with a multi-vector when asked for both
 
 
 @dataclass(frozen=True)
@@ -128,13 +129,16 @@ class EmbeddingService:
                 f"backend rows are {rows.rows.shape[1]}-d, the model's hidden size is "
                 f"{self.model.manifest.hidden_size}"
             )
+        single = None
         if opts.multivector:
             vector = self.model.projectors[opts.adapter_task](rows.rows, normalize=opts.normalized)
+            if opts.single_too:
+                single = single_vector(rows, prepared.prompt.pool, None, opts.normalized)
         else:
             vector = single_vector(rows, prepared.prompt.pool, opts.dimensions, opts.normalized)
         self.metrics.tokens.inc(prepared.n_tokens)
         self.metrics.images.inc(len(prepared.images))
-        return EmbedResult(vector, prepared.n_tokens, t1 - t0, t2 - t1)
+        return EmbedResult(vector, prepared.n_tokens, t1 - t0, t2 - t1, single)
 
     def _prepare(self, item: Item, parts: list[str | bytes], opts: EmbedOptions) -> _Prepared:
         """Headers, token budget, then pixels: CPU work, run in a thread."""

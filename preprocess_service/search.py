@@ -80,8 +80,7 @@ class ValidSearch:
     k: int
     where: str | None
     match_map: bool
-    single: ValidRequest  # the query's single-vector request (retrieval.query)
-    multi: ValidRequest  # the same query, multi-vector
+    request: ValidRequest  # the query's multi-vector and single vector (retrieval.query)
 
 
 @dataclass(frozen=True)
@@ -205,40 +204,37 @@ class SearchService:
             raise InvalidInputError("query must not be empty", param="query")
         _check_filter(req.filter)
         svc = self.embedder
-        requests = []
-        for multivector in (False, True):
-            wire = EmbeddingRequest(
-                input=req.query, task=QUERY_TASK, return_multivector=multivector
-            )
-            try:
-                requests.append(validate(wire, svc.model.manifest, svc.served_tasks, self.limits))
-            except VlembedError as exc:
-                raise _as_query_param(exc) from None
+        wire = EmbeddingRequest(
+            input=req.query, task=QUERY_TASK, return_multivector=True, return_single_vector=True
+        )
+        try:
+            request = validate(wire, svc.model.manifest, svc.served_tasks, self.limits)
+        except VlembedError as exc:
+            raise _as_query_param(exc) from None
         return ValidSearch(
             query=req.query,
             k=req.k,
             where=where_clause(req.filter),
             match_map=req.match_map,
-            single=requests[0],
-            multi=requests[1],
+            request=request,
         )
 
     async def search(self, valid: ValidSearch) -> SearchResult:
         """The ``k`` best pages by MaxSim among the nearest single vectors (filtered)."""
         try:
-            (single,) = await self.embedder.embed(valid.single)
-            (multi,) = await self.embedder.embed(valid.multi)
+            (result,) = await self.embedder.embed(valid.request)
         except VlembedError as exc:
             raise _as_query_param(exc) from None
+        assert result.single is not None  # asked for with the multi-vector
         hits = await asyncio.to_thread(
-            self._rank, single.vector, multi.vector, valid.k, valid.where, valid.match_map
+            self._rank, result.single, result.vector, valid.k, valid.where, valid.match_map
         )
-        tokens = self._tokens(valid, multi.vector.shape[0])
-        return SearchResult(hits=hits, query_tokens=tokens, n_tokens=single.n_tokens)
+        tokens = self._tokens(valid, result.vector.shape[0])
+        return SearchResult(hits=hits, query_tokens=tokens, n_tokens=result.n_tokens)
 
     def _tokens(self, valid: ValidSearch, n_rows: int) -> list[str] | list[int]:
         """The query prompt's tokens as text, one per multi-vector row (else their indices)."""
-        opts = valid.multi.options
+        opts = valid.request.options
         (text,) = text_prompt(valid.query, opts.adapter_task, opts.role).segments
         tokenizer = self.embedder.model.tokenizer
         ids = tokenizer.encode(str(text), add_special_tokens=False).ids

@@ -61,6 +61,7 @@ class EmbedOptions:
     role: Role = "query"
     dimensions: int | None = None
     multivector: bool = False
+    single_too: bool = False  # with multivector: the single vector as well, same rows
     normalized: bool = True
     truncate: bool = False
     embedding_type: Literal["float", "binary", "ubinary"] = "float"
@@ -139,6 +140,12 @@ def _options(req: EmbeddingRequest, m: Manifest, served: set[str]) -> EmbedOptio
             raise InvalidInputError(
                 "this model has no multi-vector projector", param="return_multivector"
             )
+    if req.return_single_vector and not req.return_multivector:
+        raise InvalidInputError(
+            "return_single_vector adds the single vector to a multi-vector response; "
+            "set return_multivector too (a single vector alone is the default response)",
+            param="return_single_vector",
+        )
     if req.dimensions is not None and req.dimensions not in m.matryoshka_dims:
         raise InvalidInputError(
             f"dimensions must be one of {m.matryoshka_dims}, got {req.dimensions}",
@@ -153,6 +160,7 @@ def _options(req: EmbeddingRequest, m: Manifest, served: set[str]) -> EmbedOptio
         role=role,
         dimensions=req.dimensions,
         multivector=req.return_multivector,
+        single_too=req.return_single_vector,
         normalized=req.normalized,
         truncate=req.truncate,
         embedding_type=numeric,  # type: ignore[arg-type]

@@ -280,6 +280,38 @@ class Client:
                 parts = list(pool.map(run, chunks))
         return [vec for part in parts for vec in part]
 
+    def embed_both(
+        self, items: Sequence[Item], *, task: str = "retrieval.passage"
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(single vector, multi-vector)`` of every item from one forward pass each.
+
+        A document index stores both; asking for them in one request (the service's
+        ``return_single_vector`` extension) halves the work per page. A service that predates
+        the extension answers the multi-vector alone; the single vectors are then fetched with
+        a second request, as two calls of :meth:`embed` would.
+        """
+        if task not in API_TASKS:
+            raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(API_TASKS)}")
+        wire = [_wire_item(item) for item in items]
+        per_request = min(self.max_items, max(1, -(-len(wire) // self.concurrency)))
+        chunks = self._chunks(wire, per_request)
+
+        def run(chunk: list[dict[str, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
+            payload = self._payload(chunk, task, True, None)
+            body = self._send("POST", "/v1/embeddings", {**payload, "return_single_vector": True})
+            multis = _parse_embeddings(body, len(chunk), True, self.base_url)
+            singles = _parse_singles(body, len(chunk), self.base_url)
+            if singles is None:
+                singles = self._embed_chunk(chunk, task, False, None)
+            return list(zip(singles, multis, strict=True))
+
+        if self.concurrency == 1 or len(chunks) == 1:
+            parts = [run(c) for c in chunks]
+        else:
+            with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+                parts = list(pool.map(run, chunks))
+        return [pair for part in parts for pair in part]
+
     def _chunks(self, wire: list[dict[str, Any]], per_request: int) -> list[list[dict[str, Any]]]:
         """Consecutive runs of at most ``per_request`` items and ``max_request_bytes``."""
         chunks: list[list[dict[str, Any]]] = []
@@ -304,7 +336,15 @@ class Client:
         multivector: bool,
         dimensions: int | None,
     ) -> list[np.ndarray]:
-        payload = {
+        body = self._send(
+            "POST", "/v1/embeddings", self._payload(chunk, task, multivector, dimensions)
+        )
+        return _parse_embeddings(body, len(chunk), multivector, self.base_url)
+
+    def _payload(
+        self, chunk: list[dict[str, Any]], task: str, multivector: bool, dimensions: int | None
+    ) -> dict[str, Any]:
+        return {
             "model": self.name,
             "input": chunk,
             "task": task,
@@ -312,8 +352,6 @@ class Client:
             "dimensions": dimensions,
             "embedding_type": "float",
         }
-        body = self._send("POST", "/v1/embeddings", payload)
-        return _parse_embeddings(body, len(chunk), multivector, self.base_url)
 
     def close(self) -> None:
         self._client.close()
@@ -323,6 +361,27 @@ class Client:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _parse_singles(body: dict[str, Any], n: int, where: str) -> list[np.ndarray] | None:
+    """The ``single_embedding`` of every entry (already checked by ``_parse_embeddings``), or
+    None when the service sent none (it predates ``return_single_vector``)."""
+    by_index = sorted(body["data"], key=lambda d: d["index"])
+    if all("single_embedding" not in d for d in by_index):
+        return None
+    out = []
+    for d in by_index:
+        try:
+            vec = np.asarray(d.get("single_embedding"), dtype=np.float32)
+        except (TypeError, ValueError):
+            vec = np.zeros((0,), dtype=np.float32)
+        if vec.ndim != 1 or vec.size == 0 or not bool(np.isfinite(vec).all()):
+            raise ServiceError(
+                f"{where}/v1/embeddings: item {d['index']} has a single_embedding of shape "
+                f"{vec.shape}; expected a [dim] vector of finite floats"
+            )
+        out.append(vec)
+    return out
 
 
 def _parse_embeddings(body: Any, n: int, multivector: bool, where: str) -> list[np.ndarray]:

@@ -94,7 +94,8 @@ async def embeddings(req: EmbeddingRequest, request: Request) -> JSONResponse:
             "x-preprocess-time": f"{sum(r.preprocess_s for r in results) * 1000:.2f}ms",
             "x-backend-time": f"{sum(r.backend_s for r in results) * 1000:.2f}ms",
         }
-        return JSONResponse(body.model_dump(), headers=headers)
+        # single_embedding only where asked for: plain OpenAI responses keep their shape
+        return JSONResponse(body.model_dump(exclude_none=True), headers=headers)
     finally:
         svc.metrics.requests.labels(status).inc()
         svc.metrics.latency.observe(time.perf_counter() - start)
@@ -107,7 +108,11 @@ def _response(
     n_tokens = sum(r.n_tokens for r in results)
     data = [
         EmbeddingData(
-            index=i, embedding=encode_any(r.vector, opts.embedding_type, opts.encoding_format)
+            index=i,
+            embedding=encode_any(r.vector, opts.embedding_type, opts.encoding_format),
+            single_embedding=None
+            if r.single is None
+            else encode_any(r.single, opts.embedding_type, opts.encoding_format),
         )
         for i, r in enumerate(results)
     ]

@@ -76,6 +76,12 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
     task: ApiTask = Field("retrieval.query", description="Adapter and prompt role.")
     return_multivector: bool = Field(False, description="One projected row per token.")
+    return_single_vector: bool = Field(
+        False,
+        description="vlembed extension, with return_multivector: also each input's single "
+        "vector (full width) in single_embedding, from the same forward pass; a document "
+        "index needs both and pays for one.",
+    )
     normalized: bool = Field(True, description="L2-normalise the output vectors.")
     truncate: bool = Field(False, description="Cut over-long texts instead of answering 413.")
     late_chunking: bool = Field(
@@ -87,6 +93,9 @@ class EmbeddingData(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str | list[int] | list[list[float]] | list[str] | list[list[int]]
+    single_embedding: list[float] | str | list[int] | None = Field(
+        None, description="Only with return_single_vector: the input's single vector."
+    )
 
 
 class Usage(BaseModel):

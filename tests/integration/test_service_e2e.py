@@ -153,6 +153,19 @@ def test_single_and_multi_vector_parity(live, tiny_reference, task_name: str) ->
         rows = np.array(m["embedding"], dtype=np.float32)
         assert rows.shape == ref.multi.shape, (task_name, name)
         assert float((rows * ref.multi).sum(1).min()) >= BOUND, (task_name, name)
+    both = embed(
+        live.url,
+        input=items,
+        task=task_name,
+        return_multivector=True,
+        return_single_vector=True,
+    )["data"]
+    for (name, (_, ref)), b in zip(cases.items(), both, strict=True):
+        got = np.array(b["single_embedding"], dtype=np.float32)
+        assert float(got @ ref.single) >= BOUND, (task_name, name, "both")
+        rows = np.array(b["embedding"], dtype=np.float32)
+        assert rows.shape == ref.multi.shape, (task_name, name, "both")
+        assert float((rows * ref.multi).sum(1).min()) >= BOUND, (task_name, name, "both")
     dims = live.state.service.model.manifest.matryoshka_dims
     for dim in dims:
         data = embed(live.url, input=items, task=task_name, dimensions=dim)["data"]

@@ -123,6 +123,40 @@ def test_multivector_rows() -> None:
     assert out[0].shape == (3, 4) and out[0].dtype == np.float32
 
 
+def embeddings_with_single(request: httpx.Request) -> httpx.Response:
+    """A service that knows ``return_single_vector``."""
+    body = json.loads(request.content)
+    response = json.loads(embeddings_ok(request).content)
+    if body.get("return_single_vector"):
+        for d in response["data"]:
+            d["single_embedding"] = _vector(body["input"][d["index"]], False)
+    return httpx.Response(200, json=response)
+
+
+def test_embed_both_asks_once_and_falls_back_for_an_older_service() -> None:
+    items = ["a", "longer text"]
+    new = Server([embeddings_with_single])
+    pairs = backend(new).embed_both(items)
+    assert len(new.embedding_requests()) == 1
+    assert new.embedding_requests()[0]["return_single_vector"] is True
+    assert new.embedding_requests()[0]["task"] == "retrieval.passage"
+    old = Server()  # ignores the unknown field, as the service ignores unknown fields
+    fallback = backend(old).embed_both(items)
+    assert [r["return_multivector"] for r in old.embedding_requests()] == [True, False]
+    for (s1, m1), (s2, m2), item in zip(pairs, fallback, items, strict=True):
+        assert np.array_equal(s1, s2) and np.array_equal(m1, m2)
+        assert s1.shape == (4,) and m1.shape == (3, 4)
+        np.testing.assert_allclose(s1, _vector({"text": item}, False), rtol=1e-6)
+
+    def bad_single(request: httpx.Request) -> httpx.Response:
+        response = json.loads(embeddings_with_single(request).content)
+        response["data"][0]["single_embedding"] = [[1.0]]
+        return httpx.Response(200, json=response)
+
+    with pytest.raises(ServiceError, match="single_embedding of shape"):
+        backend(Server([bad_single])).embed_both(items)
+
+
 def test_retries_503_and_429_honouring_retry_after() -> None:
     server = Server(
         [

@@ -95,8 +95,7 @@ class Index:
     def query_vectors(self, query: str, client: Client) -> tuple[np.ndarray, np.ndarray]:
         """``(single [dim], multi [n, multi_dim])`` of a text query."""
         self._check_client(client)
-        (single,) = client.embed([query], task=QUERY_TASK)
-        (multi,) = client.embed([query], task=QUERY_TASK, multivector=True)
+        ((single, multi),) = client.embed_both([query], task=QUERY_TASK)
         return single, multi
 
     def search(

@@ -98,10 +98,9 @@ def _embed_batch(
     meta: IndexMeta,
 ) -> list[PageRecord]:
     """Worker: both vectors of a few pages, turned into stored rows (pooling runs here too)."""
-    singles = client.embed(items, task=PASSAGE_TASK)
-    multis = client.embed(items, task=PASSAGE_TASK, multivector=True)
+    pairs = client.embed_both(items, task=PASSAGE_TASK)
     records = []
-    for page, single, multi in zip(pages, singles, multis, strict=True):
+    for page, (single, multi) in zip(pages, pairs, strict=True):
         if single.shape != (meta.dim,) or multi.shape[1] != meta.multi_dim:
             raise ServiceError(
                 f"{job.path} page {page.number}: expected a {meta.dim}-d vector and "

@@ -63,6 +63,33 @@ def test_dimensions_multivector_and_binary(fake) -> None:
         assert np.array_equal(np.frombuffer(base64.b64decode(b64), "<f4"), f.astype(np.float32))
 
 
+def test_single_vector_with_the_multi_vector_from_one_backend_call(fake) -> None:
+    state, server = fake
+    items = ["hello world", {"image": _png()}]
+    with TestClient(create_app(state)) as client:
+        plain = _post(client, input=items).json()["data"]
+        assert all("single_embedding" not in d for d in plain)  # OpenAI shape unless asked
+        multi = _post(client, input=items, return_multivector=True).json()["data"]
+        calls = server.calls
+        both = _post(client, input=items, return_multivector=True, return_single_vector=True)
+        assert both.status_code == 200, both.text
+        assert server.calls == calls + len(items)  # one backend call per item, not two
+        for p, m, b in zip(plain, multi, both.json()["data"], strict=True):
+            assert b["single_embedding"] == p["embedding"]
+            assert b["embedding"] == m["embedding"]
+        b64 = _post(
+            client,
+            input=items[:1],
+            return_multivector=True,
+            return_single_vector=True,
+            encoding_format="base64",
+        ).json()["data"][0]["single_embedding"]
+        single = np.frombuffer(base64.b64decode(b64), "<f4")
+        assert np.array_equal(single, np.asarray(plain[0]["embedding"], dtype=np.float32))
+        r = _post(client, input="hello", return_single_vector=True)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "return_single_vector"
+
+
 @pytest.mark.parametrize(
     "body, status, param",
     [

@@ -61,6 +61,10 @@ class FakeClient:
                 out.append(_unit(rng.standard_normal(self.dim)))
         return out
 
+    def embed_both(self, items, *, task="retrieval.passage"):
+        multis = self.embed(items, task=task, multivector=True)
+        return list(zip(self.embed(items, task=task), multis, strict=True))
+
     @property
     def pages_embedded(self) -> int:
         return sum(n for task, multi, n in self.calls if task == "retrieval.passage" and multi)
