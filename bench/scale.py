@@ -6,7 +6,7 @@ over compose replicas or the llama-server containers of a Kubernetes pod. Each c
 embeds the same page-sized images with a fixed number of requests in flight; each run is timed
 from the first request to the last answer, after one warm-up page per slot.
 
-    python -m bench.scale --preset tiny --pages 24 --repeats 3
+    python -m bench.scale --preset tiny --pages 20 --repeats 3
 
 On a shared machine the spread matters as much as the median: both are printed and written.
 """
@@ -60,7 +60,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, what: str, timeout: float = 
 
 
 def _start_replicas(
-    model_dir: Path, config: Config, parallel: int
+    model_dir: Path, variant: str, config: Config, parallel: int
 ) -> list[tuple[subprocess.Popen, str]]:
     """llama-servers with serve's own command line (serve's spec builder, one port each)."""
     # the same settings -> command line path as `vlembed serve` (private, but this is its mirror)
@@ -70,7 +70,11 @@ def _start_replicas(
     from preprocess_service.supervisor import free_port, llama_server_binary
 
     settings = ServeSettings(
-        model=str(model_dir), parallel=parallel, threads=config.threads, ctx_size=2048
+        model=str(model_dir),
+        variant=variant,
+        parallel=parallel,
+        threads=config.threads,
+        ctx_size=2048,
     )
     model = load_served_model(model_dir)
     logs_dir().mkdir(parents=True, exist_ok=True)
@@ -87,12 +91,15 @@ def _start_replicas(
     return procs
 
 
-def _start_serve(model_dir: Path, backends: list[str]) -> tuple[subprocess.Popen, str]:
+def _start_serve(
+    model_dir: Path, variant: str, backends: list[str]
+) -> tuple[subprocess.Popen, str]:
     from preprocess_service.supervisor import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "vlembed.cli", "serve", "--model", str(model_dir)]
-    cmd += ["--port", str(port), "--tasks", "retrieval", "--log-level", "warning"]
+    cmd += ["--variant", variant, "--port", str(port), "--tasks", "retrieval"]
+    cmd += ["--log-level", "warning"]
     for url in backends:
         cmd += ["--backend", url]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -128,12 +135,18 @@ def _run_pages(url: str, uris: list[str], in_flight: int) -> float:
 
 
 def measure(
-    model_dir: Path, config: Config, parallel: int, uris: list[str], in_flight: int, repeats: int
+    model_dir: Path,
+    variant: str,
+    config: Config,
+    parallel: int,
+    uris: list[str],
+    in_flight: int,
+    repeats: int,
 ) -> dict:
-    replicas = _start_replicas(model_dir, config, parallel)
+    replicas = _start_replicas(model_dir, variant, config, parallel)
     serve = None
     try:
-        serve, url = _start_serve(model_dir, [u for _, u in replicas])
+        serve, url = _start_serve(model_dir, variant, [u for _, u in replicas])
         _run_pages(url, uris[:in_flight], in_flight)  # warm-up: every slot once
         rates = []
         for _ in range(repeats):
@@ -157,7 +170,9 @@ def measure(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__)
     p.add_argument("--preset", default="tiny", choices=["tiny", "bench"])
-    p.add_argument("--variant", default="f16", help="text GGUF variant (f32, f16, bf16)")
+    p.add_argument(
+        "--variant", default="f16", help="text GGUF variant: f32, f16, bf16, Q8_0, Q4_K_M, ..."
+    )
     p.add_argument("--pages", type=int, default=24, help="pages per timed run")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--parallel", type=int, default=2, help="slots per llama-server")
@@ -167,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         default="1x1,2x1,1x2",
         help="REPLICASxTHREADS,... (threads per replica)",
     )
-    p.add_argument("--out", type=Path, default=REPO / "docs" / "scale.json")
+    p.add_argument("--out", type=Path, help="JSON results [docs/scale-PRESET.json]")
     args = p.parse_args(argv)
 
     _, dirs = prepare_models(args.preset, cache_root() / "bench", [args.variant])
@@ -177,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for config in configs:
         results.append(
-            measure(model_dir, config, args.parallel, uris, args.in_flight, args.repeats)
+            measure(
+                model_dir, args.variant, config, args.parallel, uris, args.in_flight, args.repeats
+            )
         )
     report = {
         "preset": args.preset,
@@ -193,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "results": results,
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    out = args.out or REPO / "docs" / f"scale-{args.preset}.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
     for r in results:
         s = r["pages_per_s"]
         print(

@@ -434,7 +434,6 @@ def _doc_helm_commands() -> list[list[str]]:
 def test_scale_doc_helm_commands_name_real_files_and_values() -> None:
     commands = _doc_helm_commands()
     assert commands, "docs/scale.md shows no helm command"
-    defaults = chart_values()
     yaml = pytest.importorskip("yaml")
     defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     for words in commands:
@@ -449,4 +448,4 @@ def test_scale_doc_helm_commands_name_real_files_and_values() -> None:
                     assert isinstance(node, dict) and part in node, key
                     node = node[part]
             if w in ("install", "upgrade", "template"):
-                assert any(Path(a).resolve() == CHART_DIR for a in words if "/" in a)
+                assert any((ROOT / a).resolve() == CHART_DIR for a in words if "/" in a)
