@@ -165,6 +165,41 @@ def test_chart_refuses_inconsistent_values(values: dict[str, Any], message: str)
         render_chart(values)
 
 
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"model": {"varian": "f16"}}, "additional properties 'varian' not allowed"),
+        ({"llamaServer": {"thread": 4}}, "additional properties 'thread' not allowed"),
+        ({"parallel": 0}, "/parallel"),
+        ({"model": {"tasks": ["retrival"]}}, "/model/tasks/0"),
+        ({"llamaServer": {"flashAttn": "yes"}}, "/llamaServer/flashAttn"),
+    ],
+)
+def test_values_schema_refuses_typos_and_bad_values(values: dict[str, Any], message: str) -> None:
+    """values.schema.json: Helm checks it before rendering, so a misspelt key is an error."""
+    with pytest.raises(helm.HelmValuesError, match=re.escape(message)):
+        render_chart(values)
+
+
+def test_values_schema_enums_are_the_contract() -> None:
+    import json
+
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    props = schema["properties"]
+    assert props["model"]["properties"]["tasks"]["items"]["enum"] == list(TASKS)
+    yaml = pytest.importorskip("yaml")
+    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert set(defaults["llamaServer"]["sizing"]) == set(VARIANTS)
+    import typing
+
+    from preprocess_service.settings import AutoOnOff
+
+    for key in ("flashAttn", "repack"):
+        allowed = props["llamaServer"]["properties"][key]["enum"]
+        assert set(allowed) - {None} == set(typing.get_args(AutoOnOff)), key
+    assert set(defaults) <= set(props), set(defaults) - set(props)
+
+
 # -------------------------------------------------------------- in step with docker/ + serve
 
 
