@@ -8,9 +8,12 @@ tests check those too.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
+DOCKER = ROOT / "docker"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 DEPLOY_DOC = ROOT / "docs" / "deploy.md"
@@ -350,3 +354,129 @@ def dockerignore_excludes(rel: str, patterns: list[str]) -> bool:
 
 def dockerignore_patterns() -> list[str]:
     return DOCKERIGNORE.read_text().splitlines()
+
+
+# ------------------------------------------------------------------------------------------
+# docker/*.sh run for real against stub programs that record their argv and environment
+
+RECORDER = """#!/bin/sh
+python3 - "$0" "$@" <<'EOF'
+import json, os, sys
+with open(os.environ["STUB_RECORD"], "w") as f:
+    json.dump({"argv": sys.argv[2:], "env": dict(os.environ)}, f)
+EOF
+"""
+
+
+def stub_program(bin_dir: Path, name: str, body: str = RECORDER) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text(body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def run_docker_script(
+    script: str, tmp_path: Path, env: dict[str, str], *args: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+    """Run docker/<script> with ``tmp_path/bin`` first on PATH; (process, what a stub recorded)."""
+    record = tmp_path / "record.json"
+    record.unlink(missing_ok=True)
+    full_env = {
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "STUB_RECORD": str(record),
+        **env,
+    }
+    proc = subprocess.run(
+        ["sh", str(DOCKER / script), *args],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    recorded = json.loads(record.read_text()) if record.exists() else None
+    return proc, recorded
+
+
+def llama_server_flags(argv: list[str]) -> dict[str, str | bool]:
+    """llama-server argv -> {flag: value}; every flag must be one the spec lists."""
+    out: dict[str, str | bool] = {}
+    it = iter(argv)
+    for flag in it:
+        flag = LLAMA_FLAG_ALIASES.get(flag, flag)
+        assert flag in LLAMA_SERVER_FLAGS, f"unexpected llama-server flag {flag}"
+        out[flag] = next(it) if LLAMA_SERVER_FLAGS[flag] else True
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Sizing arithmetic (docs/deploy.md section 6 and the chart's per-variant table): computed from
+# jina-embeddings-v4's parameter counts, not measured.
+
+LLM_PARAMS = 3.09e9
+TIED_EMBEDDING = 0.311e9
+VISION_PARAMS = 0.67e9
+BYTES_PER_PARAM = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "Q8_0": 1.0625,
+    "Q4_K_M": 0.60,
+    "IQ4_XS": 0.53,
+}
+Q6_K = 210 / 256  # llama-quantize keeps a tied embedding at the output type
+KV_PER_TOKEN = 36 * 2 * 2 * 128 * 2  # layers, K+V, KV heads, head dim, f16
+
+
+def weight_bytes(variant: str) -> tuple[float, float, float]:
+    """(text GGUF, mmproj, host copy of the tied embedding under GPU offload) in bytes."""
+    b = BYTES_PER_PARAM[variant]
+    embed = Q6_K if variant in ("Q4_K_M", "IQ4_XS") else b
+    text = (LLM_PARAMS - TIED_EMBEDDING) * b + TIED_EMBEDDING * embed
+    mmproj = VISION_PARAMS * (4.0 if variant == "f32" else 2.0)
+    return text, mmproj, TIED_EMBEDDING * embed
+
+
+# ------------------------------------------------------------------------------------------
+# The Helm chart, rendered offline by Helm's own Go engine (the helm-python-sdk bindings)
+
+CHART_DIR = ROOT / "deploy" / "helm" / "vlembed"
+CHART_VALUES_FILES = ("values.yaml", "values-cpu.yaml", "values-gpu.yaml")
+
+
+def merge_values(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge as Helm merges ``-f a.yaml -f b.yaml``: maps merge, everything else replaces
+    (a null stays null, which Helm then reads as "delete this default")."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_values(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def chart_values(*files: str, **overrides: Any) -> dict[str, Any]:
+    """User values: the named files of the chart (not values.yaml, which Helm applies itself)
+    merged in order, then ``overrides``."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is in the dev extra")
+    values: dict[str, Any] = {}
+    for name in files:
+        if name != "values.yaml":
+            values = merge_values(values, yaml.safe_load((CHART_DIR / name).read_text()) or {})
+    return merge_values(values, overrides)
+
+
+def render_chart(
+    values: dict[str, Any], release: str = "vlembed", namespace: str = "emb"
+) -> list[dict[str, Any]]:
+    """Every resource ``helm template`` would print for these user values."""
+    helm = pytest.importorskip("helm_python", reason="helm-python-sdk is in the dev extra")
+    yaml = pytest.importorskip("yaml", reason="PyYAML is in the dev extra")
+
+    with helm.Chart.load(str(CHART_DIR)) as chart:
+        rendered = chart.render(values, name=release, namespace=namespace)
+    docs = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith(".yaml"):
+            docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs

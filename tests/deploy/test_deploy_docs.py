@@ -12,6 +12,7 @@ from tests.deploy.deploy_helpers import (
     BUILD_SERVER_FLAGS,
     COMPOSE_FILE,
     DEPLOY_DOC,
+    KV_PER_TOKEN,
     LLAMA_ENTRYPOINT_ENV,
     LLAMA_FLAG_ALIASES,
     LLAMA_SERVER_FLAGS,
@@ -23,6 +24,7 @@ from tests.deploy.deploy_helpers import (
     compose_variables,
     load_compose_raw,
     simple_commands,
+    weight_bytes,
 )
 
 DOC = DEPLOY_DOC.read_text()
@@ -179,21 +181,11 @@ def test_every_serve_flag_is_documented() -> None:
 
 # ---------------------------------------------------------------------------------- sizing
 
-LLM_PARAMS = 3.09e9
-TIED_EMBEDDING = 0.311e9
-VISION_PARAMS = 0.67e9
-BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "Q8_0": 1.0625, "Q4_K_M": 0.60, "IQ4_XS": 0.53}
-Q6_K = 210 / 256  # llama-quantize keeps a tied embedding at the output type
-KV_PER_TOKEN = 36 * 2 * 2 * 128 * 2  # layers, K+V, KV heads, head dim, f16
-
 
 def _expected_row(variant: str) -> list[str]:
-    b = BYTES[variant]
-    embed = Q6_K if variant in ("Q4_K_M", "IQ4_XS") else b
-    text = (LLM_PARAMS - TIED_EMBEDDING) * b + TIED_EMBEDDING * embed
-    mmproj = VISION_PARAMS * (4.0 if variant == "f32" else 2.0)
+    text, mmproj, host = weight_bytes(variant)
     kv = KV_PER_TOKEN * 8192
-    cells = [text, mmproj, kv, text + mmproj + kv, TIED_EMBEDDING * embed]
+    cells = [text, mmproj, kv, text + mmproj + kv, host]
     return [variant] + [f"{c / 1e9:.2f}" for c in cells]
 
 

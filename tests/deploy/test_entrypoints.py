@@ -7,10 +7,8 @@ command lines the containers run are checked without Docker, a build or a model.
 from __future__ import annotations
 
 import http.server
-import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import threading
@@ -20,50 +18,16 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.deploy_helpers import (
-    LLAMA_FLAG_ALIASES,
+    DOCKER,
     LLAMA_PORT,
-    LLAMA_SERVER_FLAGS,
-    ROOT,
+    RECORDER,
     SERVE_FLAGS,
 )
+from tests.deploy.deploy_helpers import llama_server_flags as _flags
+from tests.deploy.deploy_helpers import run_docker_script as _run
+from tests.deploy.deploy_helpers import stub_program as _stub
 
 pytestmark = pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSIX sh")
-
-DOCKER = ROOT / "docker"
-RECORDER = """#!/bin/sh
-python3 - "$0" "$@" <<'EOF'
-import json, os, sys
-with open(os.environ["STUB_RECORD"], "w") as f:
-    json.dump({"argv": sys.argv[2:], "env": dict(os.environ)}, f)
-EOF
-"""
-
-
-def _stub(bin_dir: Path, name: str, body: str = RECORDER) -> None:
-    bin_dir.mkdir(exist_ok=True)
-    path = bin_dir / name
-    path.write_text(body)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-
-
-def _run(script: str, tmp_path: Path, env: dict[str, str], *args: str):
-    record = tmp_path / "record.json"
-    record.unlink(missing_ok=True)
-    full_env = {
-        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "STUB_RECORD": str(record),
-        **env,
-    }
-    proc = subprocess.run(
-        ["sh", str(DOCKER / script), *args],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    recorded = json.loads(record.read_text()) if record.exists() else None
-    return proc, recorded
-
 
 # ------------------------------------------------------------------ llama-server entrypoint
 
@@ -82,17 +46,6 @@ def model_dir(tmp_path: Path) -> Path:
         (d / name).write_text("{}")
     _stub(tmp_path / "bin", "llama-server")
     return d
-
-
-def _flags(argv: list[str]) -> dict[str, str | bool]:
-    """llama-server argv -> {flag: value}; every flag must be one the spec lists."""
-    out: dict[str, str | bool] = {}
-    it = iter(argv)
-    for flag in it:
-        flag = LLAMA_FLAG_ALIASES.get(flag, flag)
-        assert flag in LLAMA_SERVER_FLAGS, f"unexpected llama-server flag {flag}"
-        out[flag] = next(it) if LLAMA_SERVER_FLAGS[flag] else True
-    return out
 
 
 def test_llama_server_command_line_defaults(model_dir: Path, tmp_path: Path) -> None:
