@@ -14,6 +14,7 @@
 #   VLEMBED_THREADS       CPU threads (-t)                    default: llama-server's choice
 #   VLEMBED_LLAMA_PORT    listening port                                       default 8080
 #
+# --image-max-tokens is the manifest's max_pixels / 28², as `vlembed serve` sets it.
 # -c is CTX_SIZE x PARALLEL (one KV cache per slot, --no-kv-unified). llama-server embeds a
 # prompt only when it fits in one micro-batch, so -b and -ub are CTX_SIZE. Arguments given to
 # the container are appended (e.g. --no-mmproj-offload); llama-server's own LLAMA_ARG_*
@@ -72,6 +73,13 @@ if [ ! -f "$text" ]; then
     die "$text not found; GGUF files there:${found:- none}"
 fi
 
+# the largest image the model's preprocessing makes, in merged tokens (28 x 28 pixels each)
+max_pixels=$(sed -n 's/.*"max_pixels"[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/\1/p' \
+    "$model_dir/manifest.json" | head -n 1)
+[ -n "$max_pixels" ] \
+    || die "$model_dir/manifest.json has no max_pixels: convert the checkpoint again with this version"
+image_max_tokens=$((max_pixels / 784))
+
 if [ -n "${VLEMBED_MMPROJ_DTYPE:-}" ]; then
     mmproj="$model_dir/mmproj-$VLEMBED_MMPROJ_DTYPE.gguf"
     [ -f "$mmproj" ] || die "$mmproj not found"
@@ -101,4 +109,5 @@ exec llama-server \
     -fa "$flash" \
     --mmproj-flash-attn on \
     --mtmd-batch-max-tokens "$vision_batch" \
+    --image-max-tokens "$image_max_tokens" \
     "$@"

@@ -76,6 +76,7 @@ LLAMA_SERVER_FLAGS: dict[str, bool] = {
     "--mmproj-flash-attn": True,
     "--no-repack": False,
     "--mtmd-batch-max-tokens": True,
+    "--image-max-tokens": True,
 }
 LLAMA_FLAG_ALIASES = {
     "--batch-size": "-b",
@@ -480,3 +481,14 @@ def render_chart(
         if path.endswith(".yaml"):
             docs += [d for d in yaml.safe_load_all(text) if d]
     return docs
+
+
+# A converted model's manifest as the llama-server entrypoint reads it (jina-v4's pixel limit).
+MANIFEST_MAX_PIXELS = 602112
+MANIFEST_IMAGE_MAX_TOKENS = MANIFEST_MAX_PIXELS // 784  # what serve passes as --image-max-tokens
+
+
+def write_manifest(model_dir: Path) -> None:
+    """The part of manifest.json the containers read."""
+    body = f'{{\n  "min_pixels": 3136,\n  "max_pixels": {MANIFEST_MAX_PIXELS}\n}}\n'
+    (model_dir / "manifest.json").write_text(body)

@@ -20,8 +20,10 @@ import pytest
 from tests.deploy.deploy_helpers import (
     DOCKER,
     LLAMA_PORT,
+    MANIFEST_IMAGE_MAX_TOKENS,
     RECORDER,
     SERVE_FLAGS,
+    write_manifest,
 )
 from tests.deploy.deploy_helpers import llama_server_flags as _flags
 from tests.deploy.deploy_helpers import run_docker_script as _run
@@ -36,8 +38,8 @@ pytestmark = pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSI
 def model_dir(tmp_path: Path) -> Path:
     d = tmp_path / "models"
     d.mkdir()
+    write_manifest(d)
     for name in (
-        "manifest.json",
         "text-retrieval-f16.gguf",
         "text-retrieval-Q4_K_M.gguf",
         "text-code-f16.gguf",
@@ -67,6 +69,7 @@ def test_llama_server_command_line_defaults(model_dir: Path, tmp_path: Path) -> 
         "-fa": "on",  # auto: on for the f16 default, off only for f32
         "--mmproj-flash-attn": "on",
         "--mtmd-batch-max-tokens": "1024",
+        "--image-max-tokens": str(MANIFEST_IMAGE_MAX_TOKENS),  # manifest max_pixels / 28²
     }
 
 
@@ -112,6 +115,7 @@ def test_llama_server_command_line_is_the_one_serve_uses(model_dir: Path, tmp_pa
             threads=threads,
             ctx_per_slot=1024,
             flash_attn="on",  # what serve's --flash-attn auto picks for the f16 variant
+            image_max_tokens=MANIFEST_IMAGE_MAX_TOKENS,  # what serve derives from the manifest
         )
         env = {
             "VLEMBED_MODEL": str(model_dir),
@@ -151,6 +155,7 @@ def test_llama_server_empty_threads_is_left_to_llama_server(
         ({"VLEMBED_PARALLEL": "zero"}, [], "VLEMBED_PARALLEL must be a positive integer"),
         ({"VLEMBED_CTX_SIZE": "0"}, [], "VLEMBED_CTX_SIZE must be a positive integer"),
         ({"VLEMBED_THREADS": "-1"}, [], "VLEMBED_THREADS must be a positive integer"),
+        ({}, ["-add-", "manifest.json"], "manifest.json has no max_pixels"),
     ],
 )
 def test_llama_server_refuses_bad_setups(

@@ -25,6 +25,7 @@ from tests.deploy.deploy_helpers import (
     KV_PER_TOKEN,
     LLAMA_ENTRYPOINT_ENV,
     LLAMA_PORT,
+    MANIFEST_IMAGE_MAX_TOKENS,
     ROOT,
     SERVE_ENTRYPOINT_ENV,
     SERVE_ENV,
@@ -38,6 +39,7 @@ from tests.deploy.deploy_helpers import (
     run_docker_script,
     stub_program,
     weight_bytes,
+    write_manifest,
 )
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the dev extra")
@@ -211,8 +213,8 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 def _fake_model(tmp_path: Path, tasks: list[str], variant: str, mmproj: str) -> Path:
     d = tmp_path / "models"
     d.mkdir(exist_ok=True)
-    for name in ["manifest.json", f"mmproj-{mmproj}.gguf"]:
-        (d / name).write_text("{}")
+    write_manifest(d)
+    (d / f"mmproj-{mmproj}.gguf").write_text("{}")
     for task in tasks:
         (d / f"text-{task}-{variant}.gguf").write_text("{}")
     return d
@@ -258,6 +260,7 @@ def test_llama_server_command_line_is_the_one_serve_uses(name: str, tmp_path: Pa
             ctx_per_slot=int(env["VLEMBED_CTX_SIZE"]),
             flash_attn=resolve_flash_attn(variant, env.get("VLEMBED_FLASH_ATTN", "auto")),
             repack=resolve_repack(variant, env.get("VLEMBED_REPACK", "auto")),
+            image_max_tokens=MANIFEST_IMAGE_MAX_TOKENS,
         )
         assert llama_server_flags(argv) == llama_server_flags(spec.argv()[1:])
         port = int(llama_server_flags(argv)["--port"])
