@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -39,6 +39,8 @@ from PIL import Image
 from vlembed.errors import ServiceError
 from vlembed.pixels import to_rgb
 from vlembed.tasks import API_TASKS
+
+_T = TypeVar("_T")
 
 __all__ = ["Client", "Item", "image_data_uri"]
 
@@ -265,20 +267,11 @@ class Client:
         """
         if task not in API_TASKS:
             raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(API_TASKS)}")
-        wire = [_wire_item(item) for item in items]
-        # with several requests in flight, split even a small batch across them
-        per_request = min(self.max_items, max(1, -(-len(wire) // self.concurrency)))
-        chunks = self._chunks(wire, per_request)
 
         def run(chunk: list[dict[str, Any]]) -> list[np.ndarray]:
             return self._embed_chunk(chunk, task, multivector, dimensions)
 
-        if self.concurrency == 1 or len(chunks) == 1:
-            parts = [run(c) for c in chunks]
-        else:
-            with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-                parts = list(pool.map(run, chunks))
-        return [vec for part in parts for vec in part]
+        return self._in_requests(items, run)
 
     def embed_both(
         self, items: Sequence[Item], *, task: str = "retrieval.passage"
@@ -292,9 +285,6 @@ class Client:
         """
         if task not in API_TASKS:
             raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(API_TASKS)}")
-        wire = [_wire_item(item) for item in items]
-        per_request = min(self.max_items, max(1, -(-len(wire) // self.concurrency)))
-        chunks = self._chunks(wire, per_request)
 
         def run(chunk: list[dict[str, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
             payload = self._payload(chunk, task, True, None)
@@ -305,12 +295,22 @@ class Client:
                 singles = self._embed_chunk(chunk, task, False, None)
             return list(zip(singles, multis, strict=True))
 
+        return self._in_requests(items, run)
+
+    def _in_requests(
+        self, items: Sequence[Item], run: Callable[[list[dict[str, Any]]], list[_T]]
+    ) -> list[_T]:
+        """``run`` over the items cut into requests (in flight together), results in order."""
+        wire = [_wire_item(item) for item in items]
+        # with several requests in flight, split even a small batch across them
+        per_request = min(self.max_items, max(1, -(-len(wire) // self.concurrency)))
+        chunks = self._chunks(wire, per_request)
         if self.concurrency == 1 or len(chunks) == 1:
             parts = [run(c) for c in chunks]
         else:
             with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
                 parts = list(pool.map(run, chunks))
-        return [pair for part in parts for pair in part]
+        return [out for part in parts for out in part]
 
     def _chunks(self, wire: list[dict[str, Any]], per_request: int) -> list[list[dict[str, Any]]]:
         """Consecutive runs of at most ``per_request`` items and ``max_request_bytes``."""
