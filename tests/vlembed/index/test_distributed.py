@@ -191,7 +191,8 @@ def test_every_page_once_and_search_equal_to_the_local_path(
     pages = _docs(docs, n_images=3)
     ray_index, local_index = tmp_path / "ray-idx", tmp_path / "local-idx"
 
-    report = add_paths_ray(PageStore(ray_index), [str(docs)], replicas, progress=False)
+    # written through a file:// URI (the object-store code path), read back as a directory
+    report = add_paths_ray(PageStore(ray_index.as_uri()), [str(docs)], replicas, progress=False)
     assert report.ok and report.pages_embedded == len(pages) == report.pages_in_index
     assert _rows(ray_index) == pages
 
