@@ -184,18 +184,26 @@ def _descendants(root: int) -> list[tuple[int, bytes]]:
 # --- tests -----------------------------------------------------------------------------------
 
 
-def test_every_page_once_and_search_equal_to_the_local_path(
-    cluster: None, replicas: list[str], tmp_path: Path
-) -> None:
-    docs = tmp_path / "docs"
+@pytest.fixture(scope="module")
+def ray_indexed(
+    cluster: None, replicas: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[tuple[str, int]], Path]:
+    """PDFs and images indexed once with Ray: ``(docs, every (source, page), index)``."""
+    root = tmp_path_factory.mktemp("ray-indexed")
+    docs, index_dir = root / "docs", root / "ray-idx"
     pages = _docs(docs, n_images=3)
-    ray_index, local_index = tmp_path / "ray-idx", tmp_path / "local-idx"
-
     # written through a file:// URI (the object-store code path), read back as a directory
-    report = add_paths_ray(PageStore(ray_index.as_uri()), [str(docs)], replicas, progress=False)
+    report = add_paths_ray(PageStore(index_dir.as_uri()), [str(docs)], replicas, progress=False)
     assert report.ok and report.pages_embedded == len(pages) == report.pages_in_index
-    assert _rows(ray_index) == pages
+    return docs, pages, index_dir
 
+
+def test_every_page_once_and_search_equal_to_the_local_path(
+    ray_indexed: tuple[Path, list[tuple[str, int]], Path], replicas: list[str], tmp_path: Path
+) -> None:
+    docs, pages, ray_index = ray_indexed
+    assert _rows(ray_index) == pages
+    local_index = tmp_path / "local-idx"
     with Client(replicas[0]) as client:
         Index(local_index).add([str(docs)], client=client)
         assert _rows(local_index) == pages
@@ -249,14 +257,10 @@ def test_a_ray_worker_killed_mid_run_costs_retries_not_pages(
 
 
 def test_rerun_from_the_command_line_embeds_nothing(
-    cluster: None, replicas: list[str], tmp_path: Path
+    ray_indexed: tuple[Path, list[tuple[str, int]], Path], replicas: list[str]
 ) -> None:
-    docs = tmp_path / "docs"
-    pages = _docs(docs, n_images=2, pdfs=(1,))
-    index_dir = tmp_path / "idx"
-    add_paths_ray(PageStore(index_dir), [str(docs)], replicas, progress=False)
+    docs, pages, index_dir = ray_indexed
     before = [_requests(url) for url in replicas]
-
     servers = [arg for url in replicas for arg in ("--server", url)]
     run = subprocess.run(
         [sys.executable, "-m", "vlembed.cli", "index", str(docs), "--index", str(index_dir),
@@ -264,6 +268,7 @@ def test_rerun_from_the_command_line_embeds_nothing(
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    assert "0 pages" in run.stderr and "3 unchanged" in run.stderr
+    n_files = len({source for source, _ in pages})
+    assert "0 pages" in run.stderr and f"{n_files} unchanged" in run.stderr
     assert [_requests(url) for url in replicas] == before
     assert _rows(index_dir) == pages
