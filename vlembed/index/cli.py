@@ -117,17 +117,17 @@ def _ray_address(value: str) -> str | None:
 
 
 def _index_ray(args: argparse.Namespace, options: StorageOptions | None) -> int:
-    from vlembed.index.distributed import add_paths_ray, init_ray
+    from vlembed.index.distributed import add_paths_ray
 
     address = _ray_address(args.ray)
     index = Index(args.index)
     with _servers(args) as urls:
-        init_ray(address)
         report = add_paths_ray(
             index.store,
             args.paths,
             urls,
             options,
+            address=address,
             api_key=args.api_key,
             per_server=args.per_server,
             pages_per_request=args.batch,

@@ -320,6 +320,7 @@ def add_paths_ray(
     servers: Sequence[str],
     options: StorageOptions | None = None,
     *,
+    address: str | None = None,
     api_key: str | None = None,
     per_server: int = 2,
     pages_per_request: int = 2,
@@ -328,7 +329,8 @@ def add_paths_ray(
 ) -> IndexReport:
     """Index ``paths`` into ``store`` with Ray; see the module docstring.
 
-    Ray must be initialised (:func:`init_ray`) unless there turns out to be nothing to embed.
+    Ray is initialised (:func:`init_ray`) only once the plan has pages to embed, and left as
+    it is when the caller initialised it already.
 
     Args:
         store: The index.
@@ -336,6 +338,7 @@ def add_paths_ray(
             cluster: shared storage mounted at the same path).
         servers: Replicas of one ``vlembed serve``.
         options: Storage options for a new index.
+        address: Ray cluster to join (``auto``, ``ray://host:port``); None: a local Ray.
         api_key: Bearer token of the services.
         per_server: Embedding actors per replica (each has one request in flight).
         pages_per_request: Pages per request.
@@ -359,6 +362,7 @@ def add_paths_ray(
     collector = _Collector(store, report, bar, on_file_written)
     try:
         if plan:
+            init_ray(address)
             rows = _pipeline(plan, servers, api_key, meta, pixels, per_server, pages_per_request)
             for row in rows:
                 collector.take(row)

@@ -271,4 +271,5 @@ def test_rerun_from_the_command_line_embeds_nothing(
     n_files = len({source for source, _ in pages})
     assert "0 pages" in run.stderr and f"{n_files} unchanged" in run.stderr
     assert [_requests(url) for url in replicas] == before
+    assert "Ray instance" not in run.stderr  # nothing to embed: Ray was not even started
     assert _rows(index_dir) == pages
