@@ -27,7 +27,9 @@ __all__ = ["command_main", "index_main", "search_main"]
 
 
 def _service_flags(p: argparse.ArgumentParser, servers: bool = False) -> None:
-    p.add_argument("--index", default=DEFAULT_INDEX, help="index directory [%(default)s]")
+    p.add_argument(
+        "--index", default=DEFAULT_INDEX, help="index directory or URI (s3://…) [%(default)s]"
+    )
     if servers:
         p.add_argument(
             "--server",
