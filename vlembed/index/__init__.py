@@ -7,8 +7,10 @@ vectors and reranks them by exact MaxSim on the multi-vectors.
 Modules, one stage each: ``sources`` (which files), ``pages`` (render), ``geometry`` (the
 service's resize, client-side), ``layout`` (image rows in a multi-vector), ``codec`` (pooling,
 sign bits), ``maxsim`` (scoring), ``store`` (LanceDB), ``indexer`` (add), ``search`` (query),
-``service`` (a local ``vlembed serve``), ``progress``, ``api`` (:class:`Index`), ``cli``.
-Needs the ``index`` extra (lancedb, pypdfium2, scipy).
+``service`` (a local ``vlembed serve``), ``progress``, ``api`` (:class:`Index`), ``cli``;
+``pool`` (replicas with failover) and ``distributed`` (the same job on Ray, imported only by
+``vlembed index --ray``). Needs the ``index`` extra (lancedb, pypdfium2, scipy), and the ``ray``
+extra for ``--ray``.
 """
 
 from __future__ import annotations

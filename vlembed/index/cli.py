@@ -1,9 +1,11 @@
 """``vlembed index`` and ``vlembed search``: thin command lines over :class:`vlembed.Index`.
 
 Without ``--server`` each command starts its own ``vlembed serve`` (same ``--model`` flag and
-default as ``vlembed serve``) and stops it at the end. Exit status: 0 when everything was
-indexed, 1 when some file was skipped or named nothing (the summary says which), 2 when the run
-could not proceed (service unreachable, another model's index, bad flags).
+default as ``vlembed serve``) and stops it at the end. ``vlembed index --ray`` runs the same job
+as a Ray Data pipeline against every ``--server`` given (:mod:`vlembed.index.distributed`).
+Exit status: 0 when everything was indexed, 1 when some file was skipped or named nothing (the
+summary says which), 2 when the run could not proceed (service unreachable, another model's
+index, bad flags, Ray missing).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -23,9 +26,19 @@ from vlembed.index.store import ModelMismatchError
 __all__ = ["command_main", "index_main", "search_main"]
 
 
-def _service_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--index", default=DEFAULT_INDEX, help="index directory [%(default)s]")
-    p.add_argument("--server", help="URL of a running vlembed serve (default: start one)")
+def _service_flags(p: argparse.ArgumentParser, servers: bool = False) -> None:
+    p.add_argument(
+        "--index", default=DEFAULT_INDEX, help="index directory or URI (s3://…) [%(default)s]"
+    )
+    if servers:
+        p.add_argument(
+            "--server",
+            action="append",
+            help="URL of a running vlembed serve (default: start one); with --ray, repeat it "
+            "for each replica",
+        )
+    else:
+        p.add_argument("--server", help="URL of a running vlembed serve (default: start one)")
     p.add_argument(
         "--model", help="model for the service started without --server (as vlembed serve)"
     )
@@ -40,15 +53,21 @@ def _service_flags(p: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def _client(args: argparse.Namespace, concurrency: int = 1) -> Iterator[Client]:
+def _servers(args: argparse.Namespace) -> Iterator[list[str]]:
+    """The URLs of ``--server``, or of a service started for this command."""
     if args.server:
-        with Client(args.server, api_key=args.api_key, concurrency=concurrency) as client:
-            yield client
+        yield args.server if isinstance(args.server, list) else [args.server]
         return
     from vlembed.index.service import local_service
 
     with local_service(args.model, args.serve_arg) as url:
-        with Client(url, api_key=args.api_key, concurrency=concurrency) as client:
+        yield [url]
+
+
+@contextlib.contextmanager
+def _client(args: argparse.Namespace, concurrency: int = 1) -> Iterator[Client]:
+    with _servers(args) as urls:
+        with Client(urls[0], api_key=args.api_key, concurrency=concurrency) as client:
             yield client
 
 
@@ -57,7 +76,7 @@ def _index_parser() -> argparse.ArgumentParser:
         prog="vlembed index", description="index PDFs and images into a local document index"
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="files, folders (recursive), globs")
-    _service_flags(p)
+    _service_flags(p, servers=True)
     p.add_argument(
         "--pool-factor",
         type=int,
@@ -69,7 +88,55 @@ def _index_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=3, help="requests in flight [%(default)s]")
     p.add_argument("--batch", type=int, default=2, help="pages per request [%(default)s]")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    ray = p.add_argument_group("Ray (pip install 'vlembed[ray]')")
+    ray.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run as a Ray Data job: on a local Ray without ADDRESS, else on the cluster at "
+        "ADDRESS (auto, ray://host:port, host:port); write --ray=ADDRESS before the paths",
+    )
+    ray.add_argument(
+        "--per-server",
+        type=int,
+        default=2,
+        help="with --ray: embedding actors (requests in flight) per --server [%(default)s]",
+    )
     return p
+
+
+def _ray_address(value: str) -> str | None:
+    """``--ray``'s ADDRESS, refusing what looks like a path swallowed by the optional value."""
+    if value == "":
+        return None
+    if value in ("auto", "local") or "://" in value or re.fullmatch(r"[\w.-]+:\d+", value):
+        return value
+    raise ValueError(
+        f"--ray ADDRESS must be auto, local, ray://host:port or host:port, got {value!r} "
+        "(a path right after --ray is taken as its ADDRESS: put --ray after the paths)"
+    )
+
+
+def _index_ray(args: argparse.Namespace, options: StorageOptions | None) -> int:
+    from vlembed.index.distributed import add_paths_ray
+
+    address = _ray_address(args.ray)
+    index = Index(args.index)
+    with _servers(args) as urls:
+        report = add_paths_ray(
+            index.store,
+            args.paths,
+            urls,
+            options,
+            address=address,
+            api_key=args.api_key,
+            per_server=args.per_server,
+            pages_per_request=args.batch,
+            progress=not args.quiet,
+        )
+    print(report.summary(), file=sys.stderr)
+    return 0 if report.ok else 1
 
 
 def index_main(argv: Sequence[str]) -> int:
@@ -80,6 +147,15 @@ def index_main(argv: Sequence[str]) -> int:
     options = None
     if args.pool_factor is not None or args.binary:
         options = StorageOptions(args.pool_factor or 1, args.pool_method, args.binary)
+    if args.ray is not None:
+        try:
+            return _index_ray(args, options)
+        except (ServiceError, ModelMismatchError, ValueError, RuntimeError) as exc:
+            print(f"vlembed index: {exc}", file=sys.stderr)
+            return 2
+    if args.server and len(args.server) > 1:
+        print("vlembed index: several --server need --ray", file=sys.stderr)
+        return 2
     index = Index(args.index)
     try:
         with _client(args, concurrency=1) as client:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 
 from vlembed.client import Client
@@ -34,7 +35,15 @@ from vlembed.index.progress import Progress
 from vlembed.index.sources import expand_paths, file_hash
 from vlembed.index.store import MAX_ROWS_PER_ADD, IndexMeta, PageRecord, PageStore
 
-__all__ = ["IndexReport", "add_paths"]
+__all__ = [
+    "PASSAGE_TASK",
+    "FileJob",
+    "IndexReport",
+    "add_paths",
+    "index_meta",
+    "page_record",
+    "plan_files",
+]
 
 PASSAGE_TASK = "retrieval.passage"
 
@@ -80,7 +89,9 @@ class IndexReport:
 
 
 @dataclasses.dataclass
-class _FileJob:
+class FileJob:
+    """A file the plan says to embed: what its rows will carry, and the local run's futures."""
+
     path: Path
     content_hash: str
     size: int
@@ -90,48 +101,56 @@ class _FileJob:
     error: str | None = None
 
 
+def page_record(
+    job: FileJob, page: Page, single: np.ndarray, multi: np.ndarray, meta: IndexMeta
+) -> PageRecord:
+    """The stored row of one embedded page (pooling and sign bits applied here).
+
+    Shared by the local indexer and the Ray pipeline, so both write the same rows.
+    """
+    if single.shape != (meta.dim,) or multi.shape[1] != meta.multi_dim:
+        raise ServiceError(
+            f"{job.path} page {page.number}: expected a {meta.dim}-d vector and "
+            f"{meta.multi_dim}-d rows, got {single.shape} and {multi.shape}"
+        )
+    start, n_image = image_row_span(multi.shape[0], page.grid)
+    enc = encode_rows(multi, meta.options)
+    return PageRecord(
+        source=str(job.path),
+        page=page.number,
+        n_pages=job.n_pages,
+        content_hash=job.content_hash,
+        size=job.size,
+        width=page.width,
+        height=page.height,
+        grid_h=page.grid[0],
+        grid_w=page.grid[1],
+        image_row_start=start,
+        n_image_rows=n_image,
+        n_rows=multi.shape[0],
+        thumbnail=page.thumbnail,
+        vector=single,
+        mv=enc.data,
+        mv_rows=enc.n_rows,
+        mv_labels=enc.labels,
+        model=meta.model,
+        revision=meta.revision or "",
+    )
+
+
 def _embed_batch(
     client: Client,
-    job: _FileJob,
+    job: FileJob,
     pages: list[Page],
     items: list[Image.Image | bytes],
     meta: IndexMeta,
 ) -> list[PageRecord]:
-    """Worker: both vectors of a few pages, turned into stored rows (pooling runs here too)."""
+    """Worker: both vectors of a few pages (one forward pass each), turned into stored rows."""
     pairs = client.embed_both(items, task=PASSAGE_TASK)
-    records = []
-    for page, (single, multi) in zip(pages, pairs, strict=True):
-        if single.shape != (meta.dim,) or multi.shape[1] != meta.multi_dim:
-            raise ServiceError(
-                f"{job.path} page {page.number}: expected a {meta.dim}-d vector and "
-                f"{meta.multi_dim}-d rows, got {single.shape} and {multi.shape}"
-            )
-        start, n_image = image_row_span(multi.shape[0], page.grid)
-        enc = encode_rows(multi, meta.options)
-        records.append(
-            PageRecord(
-                source=str(job.path),
-                page=page.number,
-                n_pages=job.n_pages,
-                content_hash=job.content_hash,
-                size=job.size,
-                width=page.width,
-                height=page.height,
-                grid_h=page.grid[0],
-                grid_w=page.grid[1],
-                image_row_start=start,
-                n_image_rows=n_image,
-                n_rows=multi.shape[0],
-                thumbnail=page.thumbnail,
-                vector=single,
-                mv=enc.data,
-                mv_rows=enc.n_rows,
-                mv_labels=enc.labels,
-                model=meta.model,
-                revision=meta.revision or "",
-            )
-        )
-    return records
+    return [
+        page_record(job, page, single, multi, meta)
+        for page, (single, multi) in zip(pages, pairs, strict=True)
+    ]
 
 
 def _batched(pages: Iterable[Page], size: int) -> Iterable[list[Page]]:
@@ -145,20 +164,8 @@ def _batched(pages: Iterable[Page], size: int) -> Iterable[list[Page]]:
         yield batch
 
 
-def add_paths(
-    store: PageStore,
-    paths: Sequence[str | os.PathLike[str]],
-    client: Client,
-    options: StorageOptions | None = None,
-    *,
-    concurrency: int = 3,
-    pages_per_request: int = 2,
-    progress: bool = True,
-    on_file_written: Callable[[str], None] | None = None,
-) -> IndexReport:
-    """Index ``paths`` into ``store`` with ``client``; see the module docstring."""
-    started = time.monotonic()
-    report = IndexReport()
+def index_meta(store: PageStore, client: Client, options: StorageOptions | None) -> IndexMeta:
+    """The index's metadata for pages from ``client``: recorded for a new index, else checked."""
     if client.dim is None or client.multi_dim is None:
         raise ServiceError(f"{client.base_url}/v1/models does not list the model's vector widths")
     if store.meta is not None and options is not None and options != store.meta.options:
@@ -167,14 +174,23 @@ def add_paths(
             f"cannot add pages as {options.label()} (storage options are fixed per index)"
         )
     chosen = options or (store.meta.options if store.meta else StorageOptions())
-    meta = store.ensure_meta(
+    return store.ensure_meta(
         IndexMeta(client.name, client.revision, client.dim, client.multi_dim, chosen)
     )
 
+
+def plan_files(
+    store: PageStore, paths: Sequence[str | os.PathLike[str]], report: IndexReport
+) -> list[FileJob]:
+    """The files to embed: new, changed or damaged ones (step 1 of the module docstring).
+
+    Unchanged files, unreadable files and arguments naming nothing are counted in ``report``.
+    Stored rows of every planned file are deleted here, before anything is added.
+    """
     files, report.missing = expand_paths(paths)
     states = store.file_states()
     stale: list[str] = []
-    plan: list[_FileJob] = []
+    plan: list[FileJob] = []
     for path in files:
         source = str(path)
         state = states.get(source)
@@ -194,15 +210,33 @@ def add_paths(
         except UnreadableFileError as exc:
             report.skipped.append((source, str(exc)))
             continue
-        plan.append(_FileJob(path, digest, size, n_pages))
+        plan.append(FileJob(path, digest, size, n_pages))
     store.delete_sources(stale)
+    return plan
 
+
+def add_paths(
+    store: PageStore,
+    paths: Sequence[str | os.PathLike[str]],
+    client: Client,
+    options: StorageOptions | None = None,
+    *,
+    concurrency: int = 3,
+    pages_per_request: int = 2,
+    progress: bool = True,
+    on_file_written: Callable[[str], None] | None = None,
+) -> IndexReport:
+    """Index ``paths`` into ``store`` with ``client``; see the module docstring."""
+    started = time.monotonic()
+    report = IndexReport()
+    meta = index_meta(store, client, options)
+    plan = plan_files(store, paths, report)
     bar = Progress(sum(j.n_pages for j in plan), enabled=progress)
     max_in_flight = 2 * concurrency
     in_flight: set[Future] = set()
     lock = threading.Lock()
 
-    def write_ready(jobs: list[_FileJob]) -> list[_FileJob]:
+    def write_ready(jobs: list[FileJob]) -> list[FileJob]:
         """Write every fully embedded file; returns the jobs still waiting."""
         waiting = []
         for job in jobs:
@@ -232,7 +266,7 @@ def add_paths(
             with lock:
                 bar.advance(pages=len(future.result()))
 
-    pending: list[_FileJob] = []
+    pending: list[FileJob] = []
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="vlembed-index") as pool:
         try:
             for job in plan:

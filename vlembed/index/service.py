@@ -9,6 +9,7 @@ started. Its output goes to a log file whose tail is shown if it fails to come u
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["local_service"]
+__all__ = ["LocalService", "local_service", "local_service_process"]
 
 
 def _free_port() -> int:
@@ -37,6 +38,20 @@ def _tail(path: Path, n: int = 3000) -> str:
         return ""
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalService:
+    """A started ``vlembed serve``.
+
+    Attributes:
+        url: Its root URL.
+        pid: Its process id, also the id of the process group holding its llama-servers
+            (``os.killpg(pid, SIGKILL)`` takes the replica down as a crashed machine would).
+    """
+
+    url: str
+    pid: int
+
+
 @contextlib.contextmanager
 def local_service(
     model: str | None = None,
@@ -48,6 +63,17 @@ def local_service(
     The timeout is long because the first run without ``--model`` builds llama.cpp and a tiny
     checkpoint.
     """
+    with local_service_process(model, extra_args, startup_timeout) as service:
+        yield service.url
+
+
+@contextlib.contextmanager
+def local_service_process(
+    model: str | None = None,
+    extra_args: Sequence[str] = (),
+    startup_timeout: float = 1800.0,
+) -> Iterator[LocalService]:
+    """:func:`local_service`, yielding the process too (to stop it from outside)."""
     port = _free_port()
     cmd = [sys.executable, "-m", "vlembed.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     if model is not None:
@@ -82,18 +108,24 @@ def local_service(
                     f"vlembed serve not healthy after {startup_timeout:.0f} s:\n{_tail(log_path)}"
                 )
             time.sleep(0.3)
-        yield url
+        yield LocalService(url, proc.pid)
     finally:
         _stop(proc)
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the service (it stops its llama-servers), SIGKILL to the group if it hangs."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+    """SIGTERM to the service (it stops its llama-servers), SIGKILL to the group if it hangs.
+
+    A service that died on its own may have left llama-servers in its group: they are killed.
+    """
+    if proc.poll() is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

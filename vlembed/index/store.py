@@ -10,6 +10,10 @@ One row per page. What makes indexing crash-safe lives in the data, not in a jou
 
 The metadata (model id and revision, widths, storage options) is written once, atomically
 (temporary file + rename), when the first page is added; later adds must match it.
+
+The location is a local directory or an object-store URI (``s3://bucket/index``, ``gs://…``,
+``file:///…``): LanceDB writes both, and the metadata file of a URI is written with one
+``pyarrow.fs`` put (atomic on object stores), credentials coming from the usual environment.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ __all__ = [
     "ModelMismatchError",
     "PageRecord",
     "PageStore",
+    "is_uri",
 ]
 
 TABLE = "pages"
@@ -134,6 +139,11 @@ def page_id(source: str, content_hash: str, page: int) -> str:
     return hashlib.sha1(key, usedforsecurity=False).hexdigest()[:20]
 
 
+def is_uri(location: str) -> bool:
+    """Whether an index location is a URI (``s3://…``) rather than a local path."""
+    return "://" in location
+
+
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -173,8 +183,10 @@ class PageStore:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         import lancedb
 
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        text = os.fspath(path)
+        self.path: Path | str = text.rstrip("/") if is_uri(text) else Path(text)
+        if isinstance(self.path, Path):
+            self.path.mkdir(parents=True, exist_ok=True)
         self._db = lancedb.connect(str(self.path))
         self.meta = self._read_meta()
         self._table = None
@@ -182,18 +194,39 @@ class PageStore:
     # --- metadata -------------------------------------------------------------------------
 
     def _read_meta(self) -> IndexMeta | None:
+        if isinstance(self.path, str):
+            from pyarrow import fs
+
+            filesystem, where = fs.FileSystem.from_uri(f"{self.path}/{META_FILE}")
+            try:
+                with filesystem.open_input_stream(where) as fh:
+                    return IndexMeta.from_json(json.loads(fh.read()))
+            except FileNotFoundError:
+                return None
         file = self.path / META_FILE
         if not file.exists():
             return None
         return IndexMeta.from_json(json.loads(file.read_text()))
 
+    def _write_meta(self, meta: IndexMeta) -> None:
+        data = json.dumps(meta.to_json(), indent=2)
+        if isinstance(self.path, str):
+            from pyarrow import fs
+
+            filesystem, where = fs.FileSystem.from_uri(f"{self.path}/{META_FILE}")
+            filesystem.create_dir(where.rsplit("/", 1)[0], recursive=True)
+            with filesystem.open_output_stream(where) as fh:
+                fh.write(data.encode())
+            return
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".meta-", suffix=".json")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(data)
+        os.replace(tmp, self.path / META_FILE)
+
     def ensure_meta(self, wanted: IndexMeta) -> IndexMeta:
         """Record ``wanted`` for a new index, or check it against the existing one."""
         if self.meta is None:
-            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".meta-", suffix=".json")
-            with os.fdopen(fd, "w") as fh:
-                json.dump(wanted.to_json(), fh, indent=2)
-            os.replace(tmp, self.path / META_FILE)
+            self._write_meta(wanted)
             self.meta = wanted
             return wanted
         have = self.meta
