@@ -37,6 +37,8 @@ IMAGES = {
     "below-min 20x30": (20, 30),
     "above-max 1000x800": (1000, 800),
     "aspect 1:8 40x320": (40, 320),
+    # patch 0008: 8x8 merge units = four whole windows, computed without padding
+    "whole windows 224x224": (224, 224),
 }
 
 
