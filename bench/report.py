@@ -174,8 +174,8 @@ def write_report(results: dict, out: Path) -> None:
         pt = results["patch_transport"]
         lines += [
             "",
-            f"## Patch transport to llama-server ({pt['variant']}, page 1275x1650, "
-            f"{pt['patches']} patches)",
+            f"## Patch transport to llama-server ({pt['preset']} preset, {pt['variant']}, "
+            f"page 1275x1650, {pt['patches']} patches, {pt['threads']} threads, {pt['date']})",
             "",
             "The same page through the service with `--patch-transport f32` (base64 float32 rows "
             "in JSON) and `auto` (VLP1: uint8 pixels + lookup table, patch 0007); rows are "

@@ -341,7 +341,13 @@ def patch_wire_bytes(page: Image.Image) -> dict[str, int]:
 
 
 def bench_patch_transport(
-    model_dir: Path, variant: str, page: Image.Image, threads: int, repeats: int, rounds: int = 2
+    model_dir: Path,
+    variant: str,
+    page: Image.Image,
+    threads: int,
+    repeats: int,
+    preset: str,
+    rounds: int = 2,
 ) -> dict:
     """Pages through the service with f32 JSON patches vs VLP1 bodies (``--patch-transport``),
     one serve after the other, ``rounds`` times alternating so that drift of a shared machine
@@ -363,6 +369,9 @@ def bench_patch_transport(
                 svc.stop()
     wire = patch_wire_bytes(page)
     return {
+        "preset": preset,
+        "date": time.strftime("%Y-%m-%d"),
+        "threads": threads,
         "variant": variant,
         "rounds": rounds,
         "patches": wire["patches"],
@@ -439,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     if "transport" not in skip:
         best = "Q4_K_M/Q4_K_M" if "Q4_K_M/Q4_K_M" in dirs else next(iter(dirs))
         results["patch_transport"] = bench_patch_transport(
-            dirs[best], best, page, args.threads, args.repeats
+            dirs[best], best, page, args.threads, args.repeats, args.preset
         )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
