@@ -170,6 +170,24 @@ def write_report(results: dict, out: Path) -> None:
                 f"| {r['size']}x{r['size']} | {r['in_flight']} | {r['vision_batch_tokens']} | "
                 f"{_fmt(r['images_per_s'])} | {r['peak_rss_mb']:.0f} |"
             )
+    if "patch_transport" in results:
+        pt = results["patch_transport"]
+        lines += [
+            "",
+            f"## Patch transport to llama-server ({pt['preset']} preset, {pt['variant']}, "
+            f"page 1275x1650, {pt['patches']} patches, {pt['threads']} threads, {pt['date']})",
+            "",
+            "The same page through the service with `--patch-transport f32` (base64 float32 rows "
+            "in JSON) and `auto` (VLP1: uint8 pixels + lookup table, patch 0007); rows are "
+            f"bit-identical. Serve processes alternate, {pt['rounds']} rounds each.",
+            "",
+            "| --patch-transport | request body (bytes) | s/page | waiting on llama-server (s) |",
+            "|---|---|---|---|",
+        ]
+        for name, r in pt["runs"].items():
+            lines.append(
+                f"| {name} | {r['wire_bytes']:,} | {_fmt(r['page_s'])} | {_fmt(r['backend_s'])} |"
+            )
     if "quality" in results:
         lines += [
             "",

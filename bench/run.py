@@ -319,6 +319,69 @@ def bench_vision_batching(model_dir: Path, variant: str, threads: int, repeats: 
     return out
 
 
+def patch_wire_bytes(page: Image.Image) -> dict[str, int]:
+    """Bytes of one page's llama-server request body, f32 JSON vs VLP1 (prompt included)."""
+    from preprocess_service.image import patch_levels
+    from vlembed.wire import encode_patches, encode_patches_body
+
+    levels = patch_levels(page)
+    request = {"content": {"prompt_string": IMAGE_TEMPLATE}, "rows_format": "f32"}
+    as_json = {
+        **request,
+        "content": {
+            "prompt_string": IMAGE_TEMPLATE,
+            "multimodal_patches": [encode_patches(levels.rows(), levels.grid)],
+        },
+    }
+    return {
+        "patches": levels.levels.shape[0],
+        "f32": len(json.dumps(as_json).encode()),
+        "auto": len(encode_patches_body(request, [levels])),
+    }
+
+
+def bench_patch_transport(
+    model_dir: Path,
+    variant: str,
+    page: Image.Image,
+    threads: int,
+    repeats: int,
+    preset: str,
+    rounds: int = 2,
+) -> dict:
+    """Pages through the service with f32 JSON patches vs VLP1 bodies (``--patch-transport``),
+    one serve after the other, ``rounds`` times alternating so that drift of a shared machine
+    hits both; per transport, every page's time over all rounds."""
+    body = {"input": [{"image": data_uri(page)}], "task": "retrieval.passage"}
+    times: dict[str, list[float]] = {"f32": [], "auto": []}
+    backend: dict[str, list[float]] = {"f32": [], "auto": []}
+    for _ in range(rounds):
+        for transport in times:
+            svc = ServeProcess(model_dir, variant, threads, parallel=1, patch_transport=transport)
+            try:
+                with httpx.Client() as client:
+                    svc.post(client, body)  # warm-up
+                    for _ in range(repeats):
+                        total, waited = svc.post(client, body)
+                        times[transport].append(total)
+                        backend[transport].append(waited)
+            finally:
+                svc.stop()
+    wire = patch_wire_bytes(page)
+    return {
+        "preset": preset,
+        "date": time.strftime("%Y-%m-%d"),
+        "threads": threads,
+        "variant": variant,
+        "rounds": rounds,
+        "patches": wire["patches"],
+        "runs": {
+            t: {"page_s": stats(times[t]), "backend_s": stats(backend[t]), "wire_bytes": wire[t]}
+            for t in times
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vlembed bench", description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="bench", choices=["tiny", "bench"])
@@ -330,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--skip",
         default="",
-        help="comma list of: hf,preprocess,vlembed,raw,concurrency,batching,quality",
+        help="comma list of: hf,preprocess,vlembed,raw,concurrency,batching,transport,quality",
     )
     p.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks.json")
     p.add_argument("--markdown", type=Path, default=REPO / "docs" / "BENCHMARKS.md")
@@ -382,6 +445,11 @@ def main(argv: list[str] | None = None) -> int:
             "variant": best,
             "runs": bench_vision_batching(dirs[best], best, args.threads, args.repeats),
         }
+    if "transport" not in skip:
+        best = "Q4_K_M/Q4_K_M" if "Q4_K_M/Q4_K_M" in dirs else next(iter(dirs))
+        results["patch_transport"] = bench_patch_transport(
+            dirs[best], best, page, args.threads, args.repeats, args.preset
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     from bench.report import write_report

@@ -52,9 +52,11 @@ class ServeProcess:
         parallel: int,
         tasks: str = "retrieval",
         vision_batch_tokens: int = 1,
+        patch_transport: str = "auto",
     ) -> None:
         """``variant`` is a bench label, TEXT[/MMPROJ]. Images are encoded one per vision forward
-        unless ``vision_batch_tokens`` says otherwise, so single-stream numbers stay comparable."""
+        unless ``vision_batch_tokens`` says otherwise, so single-stream numbers stay comparable.
+        ``patch_transport`` is serve's ``--patch-transport`` (auto: VLP1, f32: JSON rows)."""
         from preprocess_service.supervisor import free_port
 
         variant, mmproj = split_variant(variant)
@@ -86,6 +88,8 @@ class ServeProcess:
             "warning",
             "--vision-batch-tokens",
             str(vision_batch_tokens),
+            "--patch-transport",
+            patch_transport,
         ]
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE

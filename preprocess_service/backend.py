@@ -27,7 +27,15 @@ from vlembed.errors import (
     InputTooLargeError,
     InvalidInputError,
 )
-from vlembed.wire import Rows, WireFormatError, decode_rows, encode_patches
+from vlembed.geometry import Grid
+from vlembed.wire import (
+    PatchLevels,
+    Rows,
+    WireFormatError,
+    decode_rows,
+    encode_patches,
+    encode_patches_body,
+)
 
 log = logging.getLogger("vlembed.backend")
 
@@ -68,6 +76,8 @@ class Backend:
     marker: str | None = None
     n_ctx: int | None = None  # per-slot context, from /props
     precomputed_patches: bool = False
+    compact_patches: bool = False  # the server reads VLP1 bodies (from /props)
+    allow_compact: bool = True  # False: always f32 JSON (``--patch-transport f32``)
     served: int = 0
 
     async def refresh(self) -> bool:
@@ -87,27 +97,38 @@ class Backend:
         self.marker = props.get("media_marker") or "<__media__>"
         settings = props.get("default_generation_settings") or {}
         self.n_ctx = int(settings.get("n_ctx") or 0) or None
-        self.precomputed_patches = bool((props.get("vlembed") or {}).get("precomputed_patches"))
+        caps = props.get("vlembed") or {}
+        self.precomputed_patches = bool(caps.get("precomputed_patches"))
+        self.compact_patches = "vlp1_u8" in (caps.get("patch_bodies") or ())
         self.healthy = True
         return True
 
     async def embed(
         self,
         prompt: str,
-        images: Sequence[tuple[np.ndarray, tuple[int, int, int]]],
+        images: Sequence[PatchLevels | tuple[np.ndarray, Grid]],
         timeout: float,
         param: str | None = None,
     ) -> Rows:
         """Every token's row of one prompt (markers in ``prompt`` where the images go).
 
+        Images given as ``PatchLevels`` go as a VLP1 body when this server reads it (and
+        ``allow_compact``), else as their f32 rows in JSON; f32 rows always go as JSON.
         ``param`` names the request item, for the errors of a backend that refuses it.
         """
-        content: dict[str, object] = {"prompt_string": prompt}
-        if images:
-            content["multimodal_patches"] = [encode_patches(p, g) for p, g in images]
-        body = {"content": content, "rows_format": "f32"}
+        request = self._request(prompt, images)
         try:
-            resp = await self.client.post(f"{self.url}/embeddings", json=body, timeout=timeout)
+            if isinstance(request, bytes):
+                resp = await self.client.post(
+                    f"{self.url}/embeddings",
+                    content=request,
+                    headers={"Content-Type": "application/octet-stream"},
+                    timeout=timeout,
+                )
+            else:
+                resp = await self.client.post(
+                    f"{self.url}/embeddings", json=request, timeout=timeout
+                )
         except httpx.HTTPError as exc:
             raise self._translate(exc) from exc
         self._check_status(resp, param)
@@ -117,6 +138,28 @@ class Backend:
             raise BackendError(f"backend {self.url} sent a malformed rows body: {exc}") from exc
         self.served += 1
         return rows
+
+    def _request(
+        self, prompt: str, images: Sequence[PatchLevels | tuple[np.ndarray, Grid]]
+    ) -> bytes | dict[str, object]:
+        """The request body: VLP1 bytes when every image is levels and the server reads them,
+        else the JSON object (levels expanded to the same f32 rows)."""
+        request: dict[str, object] = {"content": {"prompt_string": prompt}, "rows_format": "f32"}
+        if not images:
+            return request
+        levels = [image for image in images if isinstance(image, PatchLevels)]
+        if self.compact_patches and self.allow_compact and len(levels) == len(images):
+            return encode_patches_body(request, levels)
+        request["content"] = {
+            "prompt_string": prompt,
+            "multimodal_patches": [
+                encode_patches(image.rows(), image.grid)
+                if isinstance(image, PatchLevels)
+                else encode_patches(*image)
+                for image in images
+            ],
+        }
+        return request
 
     def _translate(self, exc: httpx.HTTPError) -> Exception:
         log.warning("backend %s: %r", self.url, exc)

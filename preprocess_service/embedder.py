@@ -2,9 +2,10 @@
 
 For each item of a request, in its own task: resolve image references (``inputs``), read the
 image headers and check the item's token budget before any pixel is decoded (``image``), decode
-and patchify, build the prompt (``prompts``), fetch every row from the least-busy llama-server
-(``backend``), pool (``pooling``). The items of one request run together in a task group: the
-first failure cancels the others, so a refused request stops costing work at once.
+and reshape into patch levels, build the prompt (``prompts``), fetch every row from the
+least-busy llama-server (``backend``), pool (``pooling``). The items of one request run together
+in a task group: the first failure cancels the others, so a refused request stops costing work
+at once.
 """
 
 from __future__ import annotations
@@ -33,16 +34,14 @@ from vlembed.errors import (
     OverloadedError,
     VlembedError,
 )
-from vlembed.wire import Rows
-
-Patches = tuple[np.ndarray, tuple[int, int, int]]
+from vlembed.wire import PatchLevels, Rows
 
 
 @dataclass
 class EmbedResult:
     vector: np.ndarray  # [dim] or [n_tokens, projector_dim]
     n_tokens: int
-    preprocess_s: float = 0.0  # decode + patchify + prompt + token count
+    preprocess_s: float = 0.0  # decode + patch levels + prompt + token count
     backend_s: float = 0.0  # llama-server round trip, rows decoded
     single: np.ndarray | None = None  # [dim], with a multi-vector when asked for both
 
@@ -58,7 +57,7 @@ class QueueLimits:
 @dataclass
 class _Prepared:
     prompt: Prompt
-    images: list[Patches]
+    images: list[PatchLevels]
     n_tokens: int
 
 
@@ -165,7 +164,7 @@ class EmbeddingService:
         images = []
         for img, param in opened:
             with _blame(param):
-                images.append(image_mod.patchify(image_mod.load_rgb(img), *self._pixels))
+                images.append(image_mod.patch_levels(image_mod.load_rgb(img), *self._pixels))
         return _Prepared(prompt=prompt, images=images, n_tokens=n_text + image_tokens)
 
     @property

@@ -139,12 +139,15 @@ def build_state(settings: ServeSettings, model_dir: Path | None = None) -> AppSt
     tasks = _tasks(settings, model)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
     pools = {t: BackendPool(t) for t in tasks}
+    compact = settings.patch_transport == "auto"
     managed: list[tuple[ManagedServer, str]] = []
     if settings.backends:
         for task, url in _parse_backends(settings.backends, model.manifest.default_task):
             if task not in pools:
                 raise SystemExit(f"vlembed serve: backend task {task!r} is not served ({tasks})")
-            pools[task].backends.append(Backend(url, task, httpx.AsyncClient(limits=limits)))
+            pools[task].backends.append(
+                Backend(url, task, httpx.AsyncClient(limits=limits), allow_compact=compact)
+            )
         empty = [t for t, p in pools.items() if not p.backends]
         if empty:
             raise SystemExit(f"vlembed serve: no --backend for task(s) {empty}")
@@ -154,7 +157,9 @@ def build_state(settings: ServeSettings, model_dir: Path | None = None) -> AppSt
             spec = _server_spec(settings, model, model_dir, task, binary)
             log_path = logs_dir() / f"llama-server-{task}-{spec.port}.log"
             managed.append((ManagedServer(spec, log_path), task))
-            pools[task].backends.append(Backend(spec.url, task, httpx.AsyncClient(limits=limits)))
+            pools[task].backends.append(
+                Backend(spec.url, task, httpx.AsyncClient(limits=limits), allow_compact=compact)
+            )
     policy = InputPolicy(
         allow_url_fetch=settings.allow_url_fetch,
         allow_file_dir=settings.allow_file_dir,

@@ -84,6 +84,12 @@ class ServeSettings(BaseSettings):
         "this many image tokens (a 448x448 image is 256); 1 turns it off. Measured on 2 CPU "
         "cores: 0-15%% more images/s with 4-8 requests in flight, 110-230 MB more peak memory",
     )
+    patch_transport: Literal["auto", "f32"] = Field(
+        "auto",
+        description="how image patches go to llama-server; auto: uint8 pixels and a lookup table "
+        "in a binary VLP1 body (1.75 MB per page) where the server reads it, else f32: base64 "
+        "float32 rows in JSON (18.7 MB per page); both give bit-identical rows",
+    )
     repack: AutoOnOff = Field(
         "auto",
         description="llama.cpp CPU weight repacking; auto: off for K-quant and IQ variants, whose "

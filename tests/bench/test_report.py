@@ -46,6 +46,26 @@ def test_report_tables_and_ratios(tmp_path: Path) -> None:
                 }
             },
         },
+        "patch_transport": {
+            "preset": "tiny",
+            "date": "2026-12-01",
+            "threads": 2,
+            "variant": "Q4_K_M/Q4_K_M",
+            "rounds": 2,
+            "patches": 2976,
+            "runs": {
+                "f32": {
+                    "page_s": stats([2.5]),
+                    "backend_s": stats([2.4]),
+                    "wire_bytes": 18665647,
+                },
+                "auto": {
+                    "page_s": stats([2.0]),
+                    "backend_s": stats([1.9]),
+                    "wire_bytes": 1753122,
+                },
+            },
+        },
     }
     (tmp_path / "BENCHMARKS.notes.md").write_text("## Goals\n\nhand-written\n")
     out = tmp_path / "BENCHMARKS.md"
@@ -58,4 +78,7 @@ def test_report_tables_and_ratios(tmp_path: Path) -> None:
     assert "| vlembed-Q4_K_M/Q4_K_M | 2.00 (2.00–2.00) | 0.50 | 4.00 |" in md
     assert "1.0 % / 2.0 %" in md
     assert "| 224x224 | 8 | 1024 | 3.50 (3.50–3.50) | 946 |" in md
+    assert "(tiny preset, Q4_K_M/Q4_K_M, page 1275x1650, 2976 patches, 2 threads" in md
+    assert "| f32 | 18,665,647 | 2.50 (2.50–2.50) | 2.40 (2.40–2.40) |" in md
+    assert "| auto | 1,753,122 | 2.00 (2.00–2.00) | 1.90 (1.90–1.90) |" in md
     assert md.rstrip().endswith("hand-written")

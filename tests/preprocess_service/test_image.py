@@ -24,6 +24,7 @@ from PIL import Image
 
 from preprocess_service.image import (
     decode_image,
+    patch_levels,
     patchify,
     smart_resize,
 )
@@ -330,6 +331,21 @@ def test_every_normalised_level_is_bit_identical_to_hf(hf_processor: Any) -> Non
     expected = np.asarray(hf_processor(images=image)["pixel_values"])
     assert grid == (1, 4, 10)
     assert np.array_equal(rows.view(np.uint32), expected.view(np.uint32))
+
+
+def test_patch_levels_expand_to_patchify_rows_bit_for_bit() -> None:
+    """What the service sends a VLP1 server (levels + table) stands for exactly patchify's rows,
+    on a resized noise image (every level in play) and on a page-sized document."""
+    rng = np.random.default_rng(3)
+    noise = Image.fromarray(rng.integers(0, 256, size=(333, 517, 3), dtype=np.uint8), "RGB")
+    page = Image.new("RGB", (1275, 1650), "white")
+    page.paste(noise, (100, 200))
+    for image in (noise, page):
+        rows, grid = patchify(image)
+        levels = patch_levels(image)
+        assert levels.grid == grid
+        assert levels.levels.shape == (rows.shape[0], 588) and levels.levels.dtype == np.uint8
+        assert np.array_equal(levels.rows().view(np.uint32), rows.view(np.uint32))
 
 
 def test_hf_also_rejects_la(hf_processor: Any) -> None:

@@ -21,7 +21,14 @@ from preprocess_service.api.lifecycle import AppState
 from preprocess_service.backend import Backend, BackendPool
 from preprocess_service.embedder import EmbeddingService, QueueLimits
 from preprocess_service.model import load_served_model
-from vlembed.wire import CHUNK_IMAGE, CHUNK_TEXT, Chunk, encode_rows
+from vlembed.wire import (
+    CHUNK_IMAGE,
+    CHUNK_TEXT,
+    PATCHES_MAGIC,
+    Chunk,
+    decode_patches_body,
+    encode_rows,
+)
 
 MARKER = "<__fake_marker__>"
 
@@ -47,7 +54,10 @@ class FakeLlamaServer:
                 json={
                     "media_marker": MARKER,
                     "default_generation_settings": {"n_ctx": self.n_ctx},
-                    "vlembed": {"precomputed_patches": True},
+                    "vlembed": {
+                        "precomputed_patches": True,
+                        "patch_bodies": ["json_f32", "vlp1_u8"],
+                    },
                 },
             )
         self.calls += 1
@@ -57,7 +67,10 @@ class FakeLlamaServer:
             return httpx.Response(400, json={"error": {"message": "bad patches"}})
         if self.mode == "slow":
             raise httpx.ReadTimeout("slow", request=request)
-        body = json.loads(request.content)
+        if request.content.startswith(PATCHES_MAGIC):
+            body, _ = decode_patches_body(request.content)
+        else:
+            body = json.loads(request.content)
         content = body["content"]
         pieces = content["prompt_string"].split(MARKER)
         images = content.get("multimodal_patches", [])
