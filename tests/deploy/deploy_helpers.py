@@ -43,6 +43,7 @@ SERVE_FLAGS: dict[str, str | None] = {
     "--mmproj-variant": "VLEMBED_MMPROJ_VARIANT",
     "--repack": "VLEMBED_REPACK",
     "--vision-batch-tokens": "VLEMBED_VISION_BATCH_TOKENS",
+    "--patch-transport": "VLEMBED_PATCH_TRANSPORT",
     "--tasks": "VLEMBED_TASKS",
     "--ctx-size": "VLEMBED_CTX_SIZE",
     "--max-queue": "VLEMBED_MAX_QUEUE",
