@@ -104,7 +104,7 @@ def write_report(results: dict, out: Path) -> None:
     if base_page and all("page_s" in r for _, r in engines):
         lines += [
             "",
-            "## Document page (1275x1650, 2944 patches, 736 image tokens)",
+            "## Document page (1275x1650, 2976 patches, 744 image tokens)",
             "",
             "| engine | s/page | pages/s | × HF f32 |",
             "|---|---|---|---|",

@@ -32,7 +32,7 @@ from bench.serving import REPO, page_image
 from vlembed.client import image_data_uri
 from vlembed.paths import cache_root, logs_dir
 
-PAGE_SIZE = (1275, 1650)  # a US-letter page at 150 dpi: 736 image tokens at the default limit
+PAGE_SIZE = (1275, 1650)  # a US-letter page at 150 dpi: 744 image tokens at the default limit
 
 
 @dataclasses.dataclass(frozen=True)
