@@ -465,6 +465,8 @@ def make_checkpoint(
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     if layout not in ("jina", "qwen"):
         raise ValueError(f"unknown layout {layout!r}; choose 'jina' or 'qwen'")
+    if layout == "qwen" and preset == "full":
+        raise ValueError("layout 'qwen' merges in memory (15 GB of f32 at full); use 'jina'")
     if vocab_gguf is None:
         from llama_patches.build import pristine_source
 

@@ -132,3 +132,9 @@ def test_full_preset_shards_like_the_real_checkpoint() -> None:
     p = PRESETS["full"]
     bf16_bytes = 2 * sum(math.prod(s) for s in {**base_shapes(p), **projector_shapes(p)}.values())
     assert math.ceil(bf16_bytes / p.shard_bytes) == 2
+
+
+def test_full_preset_refuses_the_in_memory_layout(tmp_path: Path, vocab_gguf: Path) -> None:
+    with pytest.raises(ValueError, match="merges in memory"):
+        make_checkpoint(tmp_path / "x", "full", 0, layout="qwen", vocab_gguf=vocab_gguf)
+    assert not (tmp_path / "x").exists()
