@@ -61,12 +61,20 @@ def vm_hwm_mb(pid: int) -> float:
     raise ValueError(f"no VmHWM for process {pid}")
 
 
+def reset_peak(pid: int) -> None:
+    """Start a process's VmHWM afresh from its current RSS (Linux ``clear_refs`` 5)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def tree_pids(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *(p for c in children for p in tree_pids(int(c)))]
+
+
 def tree_peak_mb(pid: int) -> float:
     """Sum of the peaks of a process and its descendants; an upper bound of their joint peak,
     and equal to it when, as here, the service's own memory hardly moves."""
-    total = vm_hwm_mb(pid)
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return total + sum(tree_peak_mb(int(c)) for c in children)
+    return sum(vm_hwm_mb(p) for p in tree_pids(pid))
 
 
 def wait_for_memory(need_gb: float, patience_s: float) -> dict[str, float]:
@@ -90,6 +98,8 @@ def run_hf_engine(checkpoint: Path, dtype: str, warmup: int, repeats: int, threa
     t = time.perf_counter()
     ref = ReferenceEmbedder(checkpoint, dtype=getattr(torch, dtype))
     load_s = time.perf_counter() - t
+    load_peak = vm_hwm_mb(os.getpid())
+    reset_peak(os.getpid())
     for _ in range(warmup):
         ref.encode_image(page)
     pages = []
@@ -97,7 +107,12 @@ def run_hf_engine(checkpoint: Path, dtype: str, warmup: int, repeats: int, threa
         t = time.perf_counter()
         ref.encode_image(page)
         pages.append(time.perf_counter() - t)
-    return {"page_s": pages, "load_s": load_s, "peak_rss_mb": vm_hwm_mb(os.getpid())}
+    return {
+        "page_s": pages,
+        "load_s": load_s,
+        "load_peak_rss_mb": load_peak,
+        "peak_rss_mb": vm_hwm_mb(os.getpid()),
+    }
 
 
 def hf_engine(name: str, checkpoint: Path, warmup: int, repeats: int, threads: int) -> dict:
@@ -135,6 +150,9 @@ def vlembed_engine(model_dir: Path, variant: str, warmup: int, repeats: int, thr
     svc = ServeProcess(model_dir, variant, threads, parallel=1, ready_timeout=1200)
     load_s = time.perf_counter() - t
     try:
+        load_peak = tree_peak_mb(svc.proc.pid)
+        for pid in tree_pids(svc.proc.pid):
+            reset_peak(pid)
         with httpx.Client() as client:
             for _ in range(warmup):
                 svc.post(client, body)
@@ -142,7 +160,7 @@ def vlembed_engine(model_dir: Path, variant: str, warmup: int, repeats: int, thr
             peak = tree_peak_mb(svc.proc.pid)
     finally:
         svc.stop()
-    return {"page_s": pages, "load_s": load_s, "peak_rss_mb": peak}
+    return {"page_s": pages, "load_s": load_s, "load_peak_rss_mb": load_peak, "peak_rss_mb": peak}
 
 
 def run_engines(
@@ -159,7 +177,7 @@ def run_engines(
         need = HF_NEEDS_GB.get(name, 0.0)
         before = wait_for_memory(need, patience_s=600)
         print(f"{name}: start {before}", file=sys.stderr, flush=True)
-        res: dict = {"before": before}
+        res: dict = {"before": before, "warmup": warmup, "repeats": repeats}
         if before["mem_available_gb"] < need:
             res["skipped"] = f"{before['mem_available_gb']:.1f} GB available, {need} GB needed"
         else:
@@ -196,12 +214,13 @@ def report_section(results: dict) -> str:
         "synthetic preset has the real model's shape: 36 LLM layers, 32 ViT layers (full "
         "attention in 7, 15, 23, 31), real widths and vocabulary, "
         f"{results['parameters'] / 1e9:.2f} B parameters, bf16 on disk in two shards; "
-        "random weights. One 1275×1650 page (2944 patches, 736 image tokens), "
-        f"{results['repeats']} timed pages after {results['warmup']} warm-up, median (min–max). "
-        "Engines ran one "
-        "after another, each in its own process. Peak RSS is VmHWM: the HF Python process; "
-        "`vlembed serve` plus its llama-server (summed). vlembed variants are TEXT/MMPROJ as "
-        "in the tables above.",
+        "random weights. One 1275×1650 page (2944 patches, 736 image tokens); warm-up + timed "
+        "pages per engine as listed, median (min–max) of the timed ones. Engines ran one after "
+        "another, each in its own process. Peak RSS is VmHWM while embedding pages (reset once "
+        "the engine is loaded): the HF Python process; `vlembed serve` plus its llama-server "
+        "(summed). The load peak also counts the checkpoint pages safetensors maps while "
+        "copying (page cache, not held afterwards). vlembed variants are TEXT/MMPROJ as in the "
+        "tables above.",
         "",
         f"- machine: {m['processor']}, {m['cpu_count']} cores, {m['threads']} threads used, "
         f"{m['mem_total_gb']:.0f} GB RAM; date {results['date']}",
@@ -209,9 +228,9 @@ def report_section(results: dict) -> str:
         "same time, so absolute times are inflated and the ratios are noisy; the load average "
         "(1 min) around each engine is in the table.",
         "",
-        "| engine | s/page | × HF f32 | peak RSS (GB) | load avg before → after | "
-        "MemAvailable before (GB) |",
-        "|---|---|---|---|---|---|",
+        "| engine | pages | s/page | × HF f32 | peak RSS (GB) | load: s, peak RSS (GB) | "
+        "load avg before → after | MemAvailable before (GB) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     import statistics
 
@@ -222,12 +241,13 @@ def report_section(results: dict) -> str:
         )
         if "page_s" not in r:
             why = r.get("skipped") or "failed: " + r.get("failed", "?").splitlines()[-1][:80]
-            lines.append(f"| {name} | not run ({why}) | – | – | {state} |")
+            lines.append(f"| {name} | – | not run ({why}) | – | – | – | {state} |")
             continue
         speed = f"{statistics.median(base) / statistics.median(r['page_s']):.2f}" if base else "–"
         lines.append(
-            f"| {name} | {_median_range(r['page_s'])} | {speed} | "
-            f"{r['peak_rss_mb'] / 1024:.1f} | {state} |"
+            f"| {name} | {r['warmup']} + {r['repeats']} | {_median_range(r['page_s'])} | {speed} | "
+            f"{r['peak_rss_mb'] / 1024:.1f} | "
+            f"{r['load_s']:.0f}, {r['load_peak_rss_mb'] / 1024:.1f} | {state} |"
         )
     lines.append(MARK_END)
     return "\n".join(lines) + "\n"
@@ -298,8 +318,18 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup,
         "repeats": args.repeats,
         "date": time.strftime("%Y-%m-%d"),
-        "engines": run_engines(engines, hf, dirs, args.warmup, args.repeats, args.threads),
+        "engines": {},
     }
+    # A run of some engines keeps the others' results from an earlier run on the same machine.
+    if args.json.is_file():
+        earlier = json.loads(args.json.read_text())
+        if all(earlier.get(k) == results[k] for k in ("preset", "machine")):
+            for r in earlier["engines"].values():
+                r.setdefault("warmup", earlier["warmup"])
+                r.setdefault("repeats", earlier["repeats"])
+            results["engines"] = earlier["engines"]
+    runs = run_engines(engines, hf, dirs, args.warmup, args.repeats, args.threads)
+    results["engines"].update(runs)
     args.json.write_text(json.dumps(results, indent=2))
     section = report_section(results)
     (args.markdown.parent / "BENCHMARKS.full.md").write_text(section)

@@ -24,13 +24,21 @@ def _results() -> dict:
         "engines": {
             "hf-f32": {
                 "page_s": [60.0, 64.0],
+                "warmup": 1,
+                "repeats": 2,
                 "peak_rss_mb": 15 * 1024,
+                "load_s": 90.0,
+                "load_peak_rss_mb": 20 * 1024,
                 "before": _state(3.0),
                 "after": _state(4.0),
             },
             "vlembed-Q4_K_M/Q4_K_M": {
                 "page_s": [20.0, 21.0, 30.0],
+                "warmup": 1,
+                "repeats": 3,
                 "peak_rss_mb": 3 * 1024,
+                "load_s": 10.0,
+                "load_peak_rss_mb": 3 * 1024,
                 "before": _state(4.0),
                 "after": _state(5.0),
             },
@@ -46,9 +54,10 @@ def _results() -> dict:
 def test_section_table() -> None:
     text = report_section(_results())
     assert "3.75 B parameters" in text and "loaded, shared machine" in text
-    assert "| hf-f32 | 62.0 (60.0–64.0) | 1.00 | 15.0 | 3.0 → 4.0 | 20.0 |" in text
-    assert "| vlembed-Q4_K_M/Q4_K_M | 21.0 (20.0–30.0) | 2.95 | 3.0 |" in text
-    assert "| hf-bf16 | not run (7.0 GB available, 9.0 GB needed) |" in text
+    row = "| hf-f32 | 1 + 2 | 62.0 (60.0–64.0) | 1.00 | 15.0 | 90, 20.0 | 3.0 → 4.0 | 20.0 |"
+    assert row in text
+    assert "| vlembed-Q4_K_M/Q4_K_M | 1 + 3 | 21.0 (20.0–30.0) | 2.95 | 3.0 |" in text
+    assert "| hf-bf16 | – | not run (7.0 GB available, 9.0 GB needed) |" in text
 
 
 def test_section_replaces_itself_and_keeps_the_rest(tmp_path: Path) -> None:
@@ -75,4 +84,4 @@ def test_bench_report_keeps_the_full_section(tmp_path: Path) -> None:
         },
         out,
     )
-    assert MARK_START in out.read_text() and "| hf-f32 | 62.0" in out.read_text()
+    assert MARK_START in out.read_text() and "| hf-f32 | 1 + 2 | 62.0" in out.read_text()
