@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -170,9 +171,10 @@ def run_engines(
     warmup: int,
     repeats: int,
     threads: int,
-) -> dict:
-    """Every engine in turn; one that cannot start (memory) or fails is recorded, not fatal."""
-    out: dict[str, dict] = {}
+    done: Callable[[str, dict], None],
+) -> None:
+    """Every engine in turn, each result handed to ``done`` as it comes (a long run that is
+    stopped keeps what finished); one that cannot start (memory) or fails is recorded."""
     for name in engines:
         need = HF_NEEDS_GB.get(name, 0.0)
         before = wait_for_memory(need, patience_s=600)
@@ -191,8 +193,7 @@ def run_engines(
                 res["failed"] = str(exc)[-500:]
         res["after"] = machine_state()
         print(f"{name}: {res}", file=sys.stderr, flush=True)
-        out[name] = res
-    return out
+        done(name, res)
 
 
 def _median_range(xs: list[float]) -> str:
@@ -328,12 +329,15 @@ def main(argv: list[str] | None = None) -> int:
                 r.setdefault("warmup", earlier["warmup"])
                 r.setdefault("repeats", earlier["repeats"])
             results["engines"] = earlier["engines"]
-    runs = run_engines(engines, hf, dirs, args.warmup, args.repeats, args.threads)
-    results["engines"].update(runs)
-    args.json.write_text(json.dumps(results, indent=2))
-    section = report_section(results)
-    (args.markdown.parent / "BENCHMARKS.full.md").write_text(section)
-    insert_section(args.markdown, section)
+
+    def done(name: str, res: dict) -> None:
+        results["engines"][name] = res
+        args.json.write_text(json.dumps(results, indent=2))
+        section = report_section(results)
+        (args.markdown.parent / "BENCHMARKS.full.md").write_text(section)
+        insert_section(args.markdown, section)
+
+    run_engines(engines, hf, dirs, args.warmup, args.repeats, args.threads, done)
     print(args.markdown)
     return 0
 
