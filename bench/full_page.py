@@ -228,6 +228,7 @@ def report_section(results: dict) -> str:
         "- **run on a loaded, shared machine**: other jobs (C++ builds, test suites) ran at the "
         "same time, so absolute times are inflated and the ratios are noisy; the load average "
         "(1 min) around each engine is in the table.",
+        *([f"- {results['note']}"] if results.get("note") else []),
         "",
         "| engine | pages | s/page | × HF f32 | peak RSS (GB) | load: s, peak RSS (GB) | "
         "load avg before → after | MemAvailable before (GB) |",
@@ -266,6 +267,12 @@ def insert_section(markdown: Path, section: str) -> None:
     markdown.write_text(text)
 
 
+def _write_section(results: dict, markdown: Path) -> None:
+    section = report_section(results)
+    (markdown.parent / "BENCHMARKS.full.md").write_text(section)
+    insert_section(markdown, section)
+
+
 def _machine(threads: int) -> dict:
     from bench.run import _cpu_name
 
@@ -293,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks-full.json")
     p.add_argument("--markdown", type=Path, default=REPO / "docs" / "BENCHMARKS.md")
+    p.add_argument("--note", help="a line for the docs section (what ran, what did not, why)")
+    p.add_argument(
+        "--render", action="store_true", help="only rewrite the docs section from --json"
+    )
     p.add_argument("--hf-engine", help=argparse.SUPPRESS)  # the child process of one HF engine
     p.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -301,6 +312,13 @@ def main(argv: list[str] | None = None) -> int:
             args.checkpoint, args.hf_engine, args.warmup, args.repeats, args.threads
         )
         print(json.dumps(res))
+        return 0
+    if args.render:
+        results = json.loads(args.json.read_text())
+        if args.note is not None:
+            results["note"] = args.note
+            args.json.write_text(json.dumps(results, indent=2))
+        _write_section(results, args.markdown)
         return 0
 
     from bench.run import prepare_models
@@ -321,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "engines": {},
     }
+    if args.note:
+        results["note"] = args.note
     # A run of some engines keeps the others' results from an earlier run on the same machine.
     if args.json.is_file():
         earlier = json.loads(args.json.read_text())
@@ -333,9 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     def done(name: str, res: dict) -> None:
         results["engines"][name] = res
         args.json.write_text(json.dumps(results, indent=2))
-        section = report_section(results)
-        (args.markdown.parent / "BENCHMARKS.full.md").write_text(section)
-        insert_section(args.markdown, section)
+        _write_section(results, args.markdown)
 
     run_engines(engines, hf, dirs, args.warmup, args.repeats, args.threads, done)
     print(args.markdown)
