@@ -101,13 +101,17 @@ def run_hf_engine(checkpoint: Path, dtype: str, warmup: int, repeats: int, threa
     load_s = time.perf_counter() - t
     load_peak = vm_hwm_mb(os.getpid())
     reset_peak(os.getpid())
+    print(f"loaded in {load_s:.0f} s", file=sys.stderr, flush=True)
     for _ in range(warmup):
+        t = time.perf_counter()
         ref.encode_image(page)
+        print(f"warm-up page {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     pages = []
     for _ in range(repeats):
         t = time.perf_counter()
         ref.encode_image(page)
         pages.append(time.perf_counter() - t)
+        print(f"page {pages[-1]:.1f} s", file=sys.stderr, flush=True)
     return {
         "page_s": pages,
         "load_s": load_s,
@@ -133,9 +137,10 @@ def hf_engine(name: str, checkpoint: Path, warmup: int, repeats: int, threads: i
         "--threads",
         str(threads),
     ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+    # stderr passes through: the child's per-page progress lines show while it runs
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"{name} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        raise RuntimeError(f"{name} failed with exit status {proc.returncode}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
