@@ -201,6 +201,9 @@ def write_report(results: dict, out: Path) -> None:
                 f"| {name} | {q['text_single_min']:.5f} / {q['image_single_min']:.5f} | "
                 f"{q['single_mean']:.5f} | {q['multi_row_min']:.4f} |"
             )
+    full = out.parent / "BENCHMARKS.full.md"  # `vlembed bench --preset full`, run on its own
+    if full.is_file():
+        lines += ["", full.read_text().strip()]
     notes = out.parent / "BENCHMARKS.notes.md"
     if notes.is_file():
         lines += ["", notes.read_text().strip()]

@@ -384,7 +384,12 @@ def bench_patch_transport(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vlembed bench", description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="bench", choices=["tiny", "bench"])
+    p.add_argument(
+        "--preset",
+        default="bench",
+        choices=["tiny", "bench", "full"],
+        help="full: the document-page benchmark on the real depth alone (bench.full_page)",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--variants", default=",".join(VARIANTS))
@@ -397,7 +402,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks.json")
     p.add_argument("--markdown", type=Path, default=REPO / "docs" / "BENCHMARKS.md")
-    args = p.parse_args(argv)
+    args, rest = p.parse_known_args(argv)
+    if args.preset == "full":
+        from bench.full_page import main as full_page
+
+        return full_page([*rest, "--repeats", str(args.repeats), "--threads", str(args.threads)])
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
     from vlembed.paths import cache_root
 
     skip = set(filter(None, args.skip.split(",")))

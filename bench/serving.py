@@ -53,10 +53,12 @@ class ServeProcess:
         tasks: str = "retrieval",
         vision_batch_tokens: int = 1,
         patch_transport: str = "auto",
+        ready_timeout: float = 300,
     ) -> None:
         """``variant`` is a bench label, TEXT[/MMPROJ]. Images are encoded one per vision forward
         unless ``vision_batch_tokens`` says otherwise, so single-stream numbers stay comparable.
-        ``patch_transport`` is serve's ``--patch-transport`` (auto: VLP1, f32: JSON rows)."""
+        ``patch_transport`` is serve's ``--patch-transport`` (auto: VLP1, f32: JSON rows);
+        ``ready_timeout`` bounds the start (a full-depth model on a busy disk takes minutes)."""
         from preprocess_service.supervisor import free_port
 
         variant, mmproj = split_variant(variant)
@@ -94,7 +96,7 @@ class ServeProcess:
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve exited: {self.proc.stderr.read().decode()[-2000:]}")

@@ -102,13 +102,64 @@ def _load_safetensors(files: tuple[Path, ...] | list[Path]) -> dict[str, torch.T
     return out
 
 
+def _build_model(config, dtype: torch.dtype) -> nn.Module:
+    """An uninitialised Qwen2.5-VL in ``dtype``: every weight is overwritten by the checkpoint,
+    so random init (tens of seconds and a second copy's worth of time at full depth) is skipped,
+    and a bf16 model never passes through a float32 one."""
+    from transformers import Qwen2_5_VLModel
+    from transformers.initialization import no_init_weights
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with no_init_weights():
+            model = Qwen2_5_VLModel(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval().to(dtype)
+
+
+def _load_weights(model: nn.Module, files: tuple[Path, ...]) -> dict[str, torch.Tensor]:
+    """Copy the checkpoint into ``model`` one tensor at a time (peak memory: the model plus one
+    tensor, not the model twice over); returns the projector's tensors, which are not part of
+    Qwen2.5-VL. Raises ValueError when the checkpoint and the model disagree on names."""
+    from safetensors import safe_open
+
+    params = model.state_dict()
+    seen: set[str] = set()
+    unexpected: list[str] = []
+    projector: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for path in files:
+            with safe_open(str(path), "pt") as f:
+                for key in f.keys():
+                    if key.startswith(PROJECTOR_PREFIX):
+                        projector[key[len(PROJECTOR_PREFIX) :]] = f.get_tensor(key).float()
+                        continue
+                    if key.startswith("lm_head."):
+                        continue
+                    name = to_hf_key(key)[len("model.") :]
+                    if name not in params:
+                        unexpected.append(name)
+                        continue
+                    params[name].copy_(f.get_tensor(key))
+                    seen.add(name)
+    missing = [n for n in params if n not in seen]
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint does not match Qwen2.5-VL: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+    return projector
+
+
 class ReferenceEmbedder:
     """HF transformers Qwen2.5-VL with jina-v4 pooling, float32 on CPU, deterministic."""
 
     def __init__(
         self, model_dir: Path | str, task: str = "retrieval", dtype: torch.dtype = torch.float32
     ) -> None:
-        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
+        from transformers import Qwen2_5_VLConfig
 
         torch.manual_seed(0)
         torch.use_deterministic_algorithms(True)
@@ -117,25 +168,8 @@ class ReferenceEmbedder:
         raw_config = json.loads((self.model_dir / "config.json").read_text())
         self.config = Qwen2_5_VLConfig(**{k: v for k, v in raw_config.items() if k != "auto_map"})
         self.dtype = dtype
-        self.model = Qwen2_5_VLModel(self.config).eval().to(torch.float32)
-
-        state = _load_safetensors(files.weight_files)
-        projector = {
-            k[len(PROJECTOR_PREFIX) :]: v.float()
-            for k, v in state.items()
-            if k.startswith(PROJECTOR_PREFIX)
-        }
-        weights = {
-            to_hf_key(k)[len("model.") :]: v.float()
-            for k, v in state.items()
-            if not k.startswith(PROJECTOR_PREFIX) and not k.startswith("lm_head.")
-        }
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        if missing or unexpected:
-            raise ValueError(
-                f"checkpoint does not match Qwen2.5-VL: missing {missing[:5]}, "
-                f"unexpected {unexpected[:5]}"
-            )
+        self.model = _build_model(self.config, dtype)
+        projector = _load_weights(self.model, files.weight_files)
         self.projector: nn.Linear | None = None
         if projector:
             w = projector["weight"]

@@ -3,7 +3,11 @@
 No weights can be downloaded here, so every test and benchmark runs on checkpoints this module
 writes: the same files, key names, config extras, adapters and tokenizer as the real model,
 with deterministic random weights. ``tiny`` builds and runs in seconds; ``bench`` has the real
-jina-v4 widths with 4 LLM and 4 ViT layers.
+jina-v4 widths with 4 LLM and 4 ViT layers; ``full`` is the real model's shape and depth
+(3.75 B parameters, 7.5 GB of bf16 in two shards), for benchmarks only.
+
+Weights are drawn, rounded to bf16 and written one tensor at a time, so writing ``full`` needs
+about its largest tensor in memory (the 1.2 GB f32 embedding), not the 15 GB f32 model.
 
 Each tensor is drawn from its own generator seeded by (seed, tensor name), so a checkpoint is
 identical run to run and independent of iteration order.
@@ -15,6 +19,7 @@ import hashlib
 import json
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +100,24 @@ PRESETS: dict[str, Preset] = {
         fullatt_blocks=(3,),
         lora_r=32,
         lora_alpha=32,
+    ),
+    # jina-embeddings-v4 itself: Qwen2.5-VL-3B (36 LLM layers, 32 ViT layers with full attention
+    # in blocks 7, 15, 23, 31), shards of at most 5 GB like the published checkpoint.
+    "full": Preset(
+        hidden=2048,
+        layers=36,
+        heads=16,
+        kv_heads=2,
+        intermediate=11008,
+        mrope_section=(16, 24, 24),
+        vit_hidden=1280,
+        vit_depth=32,
+        vit_heads=16,
+        vit_intermediate=3420,
+        fullatt_blocks=(7, 15, 23, 31),
+        lora_r=32,
+        lora_alpha=32,
+        shard_bytes=5_000_000_000,
     ),
 }
 
@@ -211,53 +234,66 @@ def _hf_config(p: Preset):
     return Qwen2_5_VLConfig(**jina_config(p))
 
 
-def base_state_dict(p: Preset, seed: int) -> dict[str, torch.Tensor]:
-    """Base weights under their transformers 5.x names, lm_head dropped (tied embeddings)."""
+def base_shapes(p: Preset) -> dict[str, tuple[int, ...]]:
+    """Base tensor names (transformers 5.x) and shapes, lm_head dropped (tied embeddings).
+
+    Read off a model on the meta device, so the names are whatever transformers builds.
+    """
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     with torch.device("meta"):
         model = Qwen2_5_VLForConditionalGeneration(_hf_config(p))
-    out: dict[str, torch.Tensor] = {}
-    for name, t in model.state_dict().items():
-        if name.startswith("lm_head."):
-            continue
-        out[name] = _init_tensor(seed, name, tuple(t.shape))
-    return out
-
-
-def projector_state_dict(p: Preset, seed: int) -> dict[str, torch.Tensor]:
     return {
-        "multi_vector_projector.weight": _init_tensor(
-            seed, "multi_vector_projector.weight", (p.projector_dim, p.hidden)
-        ),
-        "multi_vector_projector.bias": _init_tensor(
-            seed, "multi_vector_projector.bias", (p.projector_dim,)
-        ),
+        name: tuple(t.shape)
+        for name, t in model.state_dict().items()
+        if not name.startswith("lm_head.")
     }
 
 
-def lora_state_dict(p: Preset, seed: int, base: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def projector_shapes(p: Preset) -> dict[str, tuple[int, ...]]:
+    return {
+        "multi_vector_projector.weight": (p.projector_dim, p.hidden),
+        "multi_vector_projector.bias": (p.projector_dim,),
+    }
+
+
+def parameter_count(p: Preset) -> int:
+    """Parameters of the checkpoint's weights (base + projector; the task adapters apart)."""
+    shapes = {**base_shapes(p), **projector_shapes(p)}
+    return sum(math.prod(s) for s in shapes.values())
+
+
+def base_state_dict(p: Preset, seed: int) -> dict[str, torch.Tensor]:
+    """Base weights under their transformers 5.x names, in f32 and all in memory (small presets)."""
+    return {name: _init_tensor(seed, name, shape) for name, shape in base_shapes(p).items()}
+
+
+def projector_state_dict(p: Preset, seed: int) -> dict[str, torch.Tensor]:
+    return {name: _init_tensor(seed, name, shape) for name, shape in projector_shapes(p).items()}
+
+
+def lora_modules(p: Preset) -> list[str]:
+    """Modules that carry task LoRA: every LLM projection and the multi-vector projector."""
+    out = [f"model.language_model.layers.{i}.{t}" for i in range(p.layers) for t in LORA_TARGETS]
+    out.append("multi_vector_projector")
+    return out
+
+
+def lora_state_dict(
+    p: Preset, seed: int, base_std: dict[str, float], shapes: dict[str, tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
     """Task LoRA for every LLM projection and the projector; B is non-zero so tasks differ.
 
     Scaled so each task's delta B·A·alpha/r is about a third of the base weight's spread.
+    ``base_std`` and ``shapes`` give each module's f32 weight spread and shape, so the base
+    weights need not be in memory.
     """
     scale = p.lora_alpha / p.lora_r
     out: dict[str, torch.Tensor] = {}
-    modules = [
-        f"model.language_model.layers.{i}.{t}" for i in range(p.layers) for t in LORA_TARGETS
-    ]
-    modules.append("multi_vector_projector")
-    proj = projector_state_dict(p, seed)
-    for module in modules:
-        w = (
-            proj["multi_vector_projector.weight"]
-            if module == "multi_vector_projector"
-            else (base[module + ".weight"])
-        )
-        n_out, n_in = w.shape
-        w_std = float(w.float().std())
+    for module in lora_modules(p):
+        n_out, n_in = shapes[module + ".weight"]
         a_std = 1.0 / math.sqrt(n_in)
-        b_std = 0.33 * w_std / (scale * math.sqrt(p.lora_r) * a_std)
+        b_std = 0.33 * base_std[module] / (scale * math.sqrt(p.lora_r) * a_std)
         for task in ADAPTER_TASKS:
             ka, kb = adapter_key(module, "A", task), adapter_key(module, "B", task)
             out[ka] = torch.randn((p.lora_r, n_in), generator=_generator(seed, ka)) * a_std
@@ -283,34 +319,96 @@ def adapter_config(p: Preset) -> dict[str, Any]:
     }
 
 
-def _save_sharded(tensors: dict[str, torch.Tensor], out: Path, shard_bytes: int) -> None:
-    """model.safetensors, or model-0000N-of-0000M.safetensors + index when over shard_bytes."""
-    from safetensors.torch import save_file
+def write_safetensors(
+    path: Path,
+    shapes: dict[str, tuple[int, ...]],
+    draw: Callable[[str], torch.Tensor],
+    dtype: torch.dtype = torch.bfloat16,
+) -> None:
+    """A safetensors file written one tensor at a time: ``draw(name)`` is called in file order
+    and its result dropped once written.
 
-    shards: list[dict[str, torch.Tensor]] = [{}]
+    The header is known from the shapes alone, so nothing but the current tensor is held.
+    """
+    item = torch.empty((), dtype=dtype).element_size()
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes.items():
+        n = math.prod(shape) * item
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + n],
+        }
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    with path.open("wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for name, shape in shapes.items():
+            t = draw(name).to(dtype).contiguous()
+            if tuple(t.shape) != tuple(shape):
+                raise ValueError(f"{name!r}: drew shape {tuple(t.shape)}, header says {shape}")
+            f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+
+
+_SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+
+
+def _save_sharded(
+    shapes: dict[str, tuple[int, ...]],
+    draw: Callable[[str], torch.Tensor],
+    out: Path,
+    shard_bytes: int,
+) -> None:
+    """model.safetensors, or model-0000N-of-0000M.safetensors + index when over shard_bytes.
+
+    Tensors go in name order, bf16, a new shard starting where the next tensor would overflow.
+    """
+    shards: list[dict[str, tuple[int, ...]]] = [{}]
     size = 0
-    for name in sorted(tensors):
-        t = tensors[name]
-        nbytes = t.numel() * t.element_size()
+    for name in sorted(shapes):
+        nbytes = math.prod(shapes[name]) * 2
         if shards[-1] and size + nbytes > shard_bytes:
             shards.append({})
             size = 0
-        shards[-1][name] = t
+        shards[-1][name] = shapes[name]
         size += nbytes
-    meta = {"format": "pt"}
     if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata=meta)
+        write_safetensors(out / "model.safetensors", shards[0], draw)
         return
     weight_map: dict[str, str] = {}
     total = 0
     for i, shard in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out / fname), metadata=meta)
-        for name, t in shard.items():
+        write_safetensors(out / fname, shard, draw)
+        for name, shape in shard.items():
             weight_map[name] = fname
-            total += t.numel() * t.element_size()
+            total += math.prod(shape) * 2
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _write_jina_weights(p: Preset, seed: int, out: Path) -> dict[str, float]:
+    """The base + projector shards, each tensor drawn as it is written; returns the f32 spread
+    of every LoRA target's weight (what the adapters are scaled by)."""
+    stored: dict[str, tuple[str, tuple[int, ...]]] = {
+        to_flat_key(name): (name, shape) for name, shape in base_shapes(p).items()
+    }
+    stored.update({name: (name, shape) for name, shape in projector_shapes(p).items()})
+    targets = {m + ".weight" for m in lora_modules(p)}
+    spread: dict[str, float] = {}
+
+    def draw(key: str) -> torch.Tensor:
+        name, shape = stored[key]
+        t = _init_tensor(seed, name, shape)
+        if name in targets:
+            spread[name[: -len(".weight")]] = float(t.std())
+        return t
+
+    _save_sharded({k: shape for k, (_, shape) in stored.items()}, draw, out, p.shard_bytes)
+    return spread
 
 
 def write_tokenizer(out: Path, vocab_gguf: Path) -> None:
@@ -367,6 +465,8 @@ def make_checkpoint(
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     if layout not in ("jina", "qwen"):
         raise ValueError(f"unknown layout {layout!r}; choose 'jina' or 'qwen'")
+    if layout == "qwen" and preset == "full":
+        raise ValueError("layout 'qwen' merges in memory (15 GB of f32 at full); use 'jina'")
     if vocab_gguf is None:
         from llama_patches.build import pristine_source
 
@@ -377,29 +477,34 @@ def make_checkpoint(
         shutil.rmtree(out)
     out.mkdir(parents=True)
 
-    base = base_state_dict(p, seed)
-    lora = lora_state_dict(p, seed, base)
+    shapes = {**base_shapes(p), **projector_shapes(p)}
     if layout == "jina":
-        tensors = {to_flat_key(k): v.to(torch.bfloat16) for k, v in base.items()}
-        tensors.update({k: v.to(torch.bfloat16) for k, v in projector_state_dict(p, seed).items()})
-        _save_sharded(tensors, out, p.shard_bytes)
+        spread = _write_jina_weights(p, seed, out)
+        lora = lora_state_dict(p, seed, spread, shapes)
         (out / "adapters").mkdir()
-        from safetensors.torch import save_file
-
-        save_file(
-            {k: v.to(torch.bfloat16) for k, v in lora.items()},
-            str(out / "adapters" / "adapter_model.safetensors"),
-            metadata={"format": "pt"},
+        write_safetensors(
+            out / "adapters" / "adapter_model.safetensors",
+            {k: tuple(v.shape) for k, v in lora.items()},
+            lambda k: lora[k],
         )
         (out / "adapters" / "adapter_config.json").write_text(
             json.dumps(adapter_config(p), indent=2)
         )
         config = jina_config(p)
     else:
-        # Hub Qwen2.5-VL checkpoints keep the flat key names and flat config too.
-        tensors = merged_task_weights(base, lora, p, plain_task)
-        tensors = {to_flat_key(k): v.to(torch.bfloat16) for k, v in tensors.items()}
-        _save_sharded(tensors, out, p.shard_bytes)
+        # Hub Qwen2.5-VL checkpoints keep the flat key names and flat config too. Built in
+        # memory: fine for tiny and bench, not for full.
+        base = base_state_dict(p, seed)
+        spread = {m: float(base[m + ".weight"].std()) for m in lora_modules(p)[:-1]}
+        spread["multi_vector_projector"] = float(
+            projector_state_dict(p, seed)["multi_vector_projector.weight"].std()
+        )
+        lora = lora_state_dict(p, seed, spread, shapes)
+        merged = merged_task_weights(base, lora, p, plain_task)
+        tensors = {to_flat_key(k): v for k, v in merged.items()}
+        _save_sharded(
+            {k: tuple(v.shape) for k, v in tensors.items()}, tensors.__getitem__, out, p.shard_bytes
+        )
         config = jina_config(p)
         config["architectures"] = ["Qwen2_5_VLForConditionalGeneration"]
         for extra in (

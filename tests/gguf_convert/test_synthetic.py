@@ -1,12 +1,13 @@
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import pytest
 from safetensors import safe_open
 
 from gguf_convert.layout import parse_adapter_key
-from gguf_convert.synthetic import PRESETS, make_checkpoint
+from gguf_convert.synthetic import PRESETS, base_shapes, make_checkpoint, projector_shapes
 from vlembed.tasks import ADAPTER_TASKS as TASKS
 
 
@@ -81,3 +82,59 @@ def test_bench_preset_has_real_jina_widths() -> None:
     assert (p.vit_hidden, p.vit_heads, p.vit_intermediate) == (1280, 16, 3420)
     assert (p.layers, p.vit_depth) == (4, 4)
     assert sum(p.mrope_section) == p.hidden // p.heads // 2
+
+
+# jina-embeddings-v4's published config (Qwen2.5-VL-3B backbone), spelled out here on purpose.
+JINA_V4_TEXT = {
+    "hidden_size": 2048,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "intermediate_size": 11008,
+    "vocab_size": 151936,
+}
+JINA_V4_VISION = {
+    "depth": 32,
+    "hidden_size": 1280,
+    "num_heads": 16,
+    "intermediate_size": 3420,
+    "fullatt_block_indexes": [7, 15, 23, 31],
+    "out_hidden_size": 2048,
+}
+
+
+def test_full_preset_is_jina_v4s_shape() -> None:
+    from gguf_convert.synthetic import jina_config
+
+    cfg = jina_config(PRESETS["full"])
+    assert {k: cfg[k] for k in JINA_V4_TEXT} == JINA_V4_TEXT
+    assert {k: cfg["vision_config"][k] for k in JINA_V4_VISION} == JINA_V4_VISION
+    assert cfg["torch_dtype"] == "bfloat16" and cfg["tie_word_embeddings"] is True
+
+
+def test_full_preset_has_jina_v4s_parameter_count() -> None:
+    """3.75 B as published: 3.09 B language model (tied embeddings) + 0.67 B vision tower."""
+    from gguf_convert.synthetic import parameter_count
+
+    p = PRESETS["full"]
+    total = parameter_count(p)
+    assert 3.74e9 < total < 3.76e9
+    vision = sum(
+        math.prod(shape)
+        for name, shape in base_shapes(p).items()
+        if name.startswith("model.visual")
+    )
+    assert 0.66e9 < vision < 0.68e9
+
+
+def test_full_preset_shards_like_the_real_checkpoint() -> None:
+    """Two shards of at most 5 GB of bf16, as jina-embeddings-v4 is published."""
+    p = PRESETS["full"]
+    bf16_bytes = 2 * sum(math.prod(s) for s in {**base_shapes(p), **projector_shapes(p)}.values())
+    assert math.ceil(bf16_bytes / p.shard_bytes) == 2
+
+
+def test_full_preset_refuses_the_in_memory_layout(tmp_path: Path, vocab_gguf: Path) -> None:
+    with pytest.raises(ValueError, match="merges in memory"):
+        make_checkpoint(tmp_path / "x", "full", 0, layout="qwen", vocab_gguf=vocab_gguf)
+    assert not (tmp_path / "x").exists()
