@@ -33,7 +33,7 @@ __all__ = ["build_parser", "main"]
 def _add_http_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("HTTP models")
     g.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
-    g.add_argument("--retries", type=int, default=5, help="retries on timeouts and 429/503")
+    g.add_argument("--retries", type=int, default=5, help="retries on timeouts and 429/503/504")
     g.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
     g.add_argument("--served-model", help="model id to request (default: first in /v1/models)")
     g.add_argument(

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
@@ -79,12 +80,37 @@ class Backend:
     compact_patches: bool = False  # the server reads VLP1 bodies (from /props)
     allow_compact: bool = True  # False: always f32 JSON (``--patch-transport f32``)
     served: int = 0
+    # liveness, read by the monitor (monotonic seconds): since when a /health probe has gone
+    # without any answer (None once one answers, with any status: a loading server answers 503),
+    # and since when the server owes an embedding answer: set when a request goes out with none
+    # on the wire, moved to the time of each answer while others are still out. Both count from
+    # the question, not from the last answer, so a monitor that was itself slow to ask again
+    # does not make a server look silent
+    probe_since: float | None = None
+    owed_since: float | None = None
+    sent: int = 0  # /embeddings requests on the wire now
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds with requests on the wire and no /embeddings answer; 0 when idle."""
+        if not self.sent or self.owed_since is None:
+            return 0.0
+        return now - self.owed_since
+
+    def forget_liveness(self) -> None:
+        """A new process owes nothing: called when the server behind the URL is replaced."""
+        self.owed_since = None
+        self.probe_since = None
+        self.healthy = False
+        self.marker = None
 
     async def refresh(self) -> bool:
         """Health check; props (media marker, context) are re-read whenever the backend was
         not known healthy, since a restarted llama-server has a new random marker."""
+        if self.probe_since is None:
+            self.probe_since = time.monotonic()
         try:
             health = await self.client.get(f"{self.url}/health", timeout=5.0)
+            self.probe_since = None
             if health.status_code != 200:
                 self.healthy = False
                 return False
@@ -117,6 +143,9 @@ class Backend:
         ``param`` names the request item, for the errors of a backend that refuses it.
         """
         request = self._request(prompt, images)
+        if not self.sent:
+            self.owed_since = time.monotonic()
+        self.sent += 1
         try:
             if isinstance(request, bytes):
                 resp = await self.client.post(
@@ -129,8 +158,12 @@ class Backend:
                 resp = await self.client.post(
                     f"{self.url}/embeddings", json=request, timeout=timeout
                 )
+            # it answered, so it is making progress: what it still owes is counted from now
+            self.owed_since = time.monotonic() if self.sent > 1 else None
         except httpx.HTTPError as exc:
             raise self._translate(exc) from exc
+        finally:
+            self.sent -= 1
         self._check_status(resp, param)
         try:
             rows = decode_rows(resp.content)

@@ -36,6 +36,11 @@ class Metrics:
         self.restarts = Counter(
             "vlembed_backend_restarts", "llama-server restarts by the supervisor", registry=r
         )
+        self.hangs = Counter(
+            "vlembed_backend_hangs",
+            "live llama-servers killed by the supervisor because they answered nothing",
+            registry=r,
+        )
         self.queue_depth = Gauge("vlembed_queue_depth", "Items in flight", registry=r)
         self.backends_healthy = Gauge(
             "vlembed_backends_healthy", "Healthy backends", ["task"], registry=r

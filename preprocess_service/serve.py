@@ -184,6 +184,7 @@ def build_state(settings: ServeSettings, model_dir: Path | None = None) -> AppSt
             body_timeout=settings.body_timeout,
         ),
         managed=managed,
+        hang_timeout=settings.hang_timeout,
     )
     if settings.index is not None:
         state.search = _open_index(settings.index, state)

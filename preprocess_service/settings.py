@@ -61,6 +61,12 @@ class ServeSettings(BaseSettings):
     max_body_bytes: int = Field(256 << 20, description="bytes per request body")
     body_timeout: float = Field(30.0, description="seconds a request body may stall")
     request_timeout: float = Field(120.0, description="seconds per request, all items together")
+    hang_timeout: float = Field(
+        60.0,
+        description="seconds a local llama-server may leave /health unanswered before it is "
+        "killed and restarted (one that answers no embedding request for 90%% of the request "
+        "timeout is restarted too)",
+    )
     max_connections: int = Field(
         1024, description="open client connections; more are answered 503 at once"
     )

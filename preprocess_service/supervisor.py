@@ -3,10 +3,13 @@
 One process per served task (each task has its own merged text GGUF; all share one mmproj).
 A process that exits is restarted with a capped exponential backoff; its backend is marked
 unhealthy meanwhile, so requests get a clean 503 (or go to another replica) instead of hanging.
+A process that is alive but hung (see :func:`hang_reason`) is killed, and so restarted the same
+way: a live process that answers nothing is worse than a dead one, since nothing restarts it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -168,6 +171,22 @@ class ManagedServer:
         self.start()
         return True
 
+    def kill(self) -> None:
+        """SIGKILL a hung server (a stopped one too); :meth:`maybe_restart` then replaces it."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def log_tail(self, n: int = 1500) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - n))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -178,3 +197,33 @@ class ManagedServer:
             if self.proc.poll() is None:  # ignored SIGTERM: force it
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=timeout)
+
+
+def hang_reason(
+    *,
+    now: float,
+    started_at: float,
+    probe_since: float | None,
+    stalled_for: float,
+    hang_timeout: float,
+    stall_timeout: float,
+) -> str | None:
+    """Why a live llama-server counts as hung, or None.
+
+    Two signs, because they fail apart: its HTTP threads answer ``/health`` even when the loop
+    that computes embeddings is stuck, and a stopped or thrashing process answers nothing at
+    all. ``probe_since`` is when the ``/health`` probe still waiting for any answer was sent
+    (a loading server answers 503, so a slow model load is not a hang); the process gets
+    ``hang_timeout`` from its start to begin listening. ``stalled_for`` is how long requests
+    have been on the wire with no answer (``Backend.stalled_for``). The stall limit belongs a
+    little under the request timeout: the service gives up on a request then, which takes the
+    evidence off the wire, and a server that answered nothing for that long has already cost a
+    request.
+    """
+    if probe_since is not None:
+        silent = now - max(started_at, probe_since)
+        if silent > hang_timeout:
+            return f"answered no /health for {silent:.0f} s"
+    if stalled_for > stall_timeout:
+        return f"answered no embedding request for {stalled_for:.0f} s"
+    return None

@@ -5,8 +5,10 @@ Users, the evaluation harness, the benchmark and the index all talk to the servi
 - **Start-up check.** ``GET /v1/models`` is called once in the constructor, so a wrong URL or a
   server serving no model fails before any work starts; the served model id, its Matryoshka
   widths and multi-vector width become attributes.
-- **Retries only where waiting helps.** Timeouts and ``429``/``503`` (the service's answer when
-  it is full or still starting) are retried with backoff, honouring ``Retry-After``. Any other
+- **Retries only where waiting helps.** Timeouts, the client's own and the service's (``504``:
+  a backend that answered nothing in time is restarted by the service), and ``429``/``503`` (the
+  service's answer when it is full or a backend is starting) are retried with backoff, honouring
+  ``Retry-After``. Any other
   4xx/5xx fails at once with the server's own message: an invalid request does not become valid
   by sending it again.
 - **One exception type.** Every failure surfaces as :class:`vlembed.errors.ServiceError`,
@@ -48,7 +50,7 @@ Item = str | Image.Image | bytes | os.PathLike | Mapping[str, Any]
 """One input: a text; an image as a PIL object, file bytes or a path; or a wire item dict
 (``{"text": …}``, ``{"image": …}``, ``{"content": [...]}``) passed through as is."""
 
-RETRY_STATUSES = (429, 503)
+RETRY_STATUSES = (429, 503, 504)
 
 
 def image_data_uri(image: Image.Image) -> str:
@@ -131,7 +133,7 @@ class Client:
         base_url: Service root, e.g. ``http://localhost:8080`` (``/v1/...`` is appended).
         model: Model id to request; default: the first id ``/v1/models`` lists.
         timeout: Seconds per request (a page image can take seconds on CPU).
-        max_retries: Retries after the first attempt, for timeouts and 429/503.
+        max_retries: Retries after the first attempt, for timeouts and 429/503/504.
         max_wait: Upper bound on one wait between retries, whatever ``Retry-After`` says.
         max_items: Inputs per request.
         max_request_bytes: Approximate JSON payload bound per request (images dominate).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -12,12 +13,15 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from preprocess_service.api.guard import GuardConfig
+from preprocess_service.backend import Backend
 from preprocess_service.embedder import EmbeddingService
-from preprocess_service.supervisor import ManagedServer
+from preprocess_service.supervisor import ManagedServer, hang_reason
 from preprocess_service.validate import Limits
 
 if TYPE_CHECKING:
     from preprocess_service.search import SearchService
+
+log = logging.getLogger("vlembed.supervisor")
 
 
 @dataclass
@@ -28,6 +32,7 @@ class AppState:
     managed: list[tuple[ManagedServer, str]] = field(default_factory=list)  # (server, task)
     startup_timeout: float = 180.0
     monitor_interval: float = 0.5
+    hang_timeout: float = 60.0  # a local llama-server silent on /health this long is restarted
     search: SearchService | None = None  # --index: POST /v1/search and the search page
 
 
@@ -49,8 +54,11 @@ async def _monitor(state: AppState) -> None:
     svc = state.service
     last_full = 0.0
     while True:
-        for server, _task in state.managed:
+        for server, task in state.managed:
+            backend = _backend_of(state, server, task)
+            _kill_if_hung(state, server, backend)
             if server.maybe_restart():
+                backend.forget_liveness()
                 svc.metrics.restarts.inc()
         now = time.monotonic()
         full = now - last_full > 2.0
@@ -67,6 +75,35 @@ async def _monitor(state: AppState) -> None:
         for task, pool in svc.pools.items():
             svc.metrics.backends_healthy.labels(task).set(len(pool.healthy()))
         await asyncio.sleep(state.monitor_interval)
+
+
+def _backend_of(state: AppState, server: ManagedServer, task: str) -> Backend:
+    pool = state.service.pools[task]
+    return next(b for b in pool.backends if b.url == server.spec.url)
+
+
+def _kill_if_hung(state: AppState, server: ManagedServer, backend: Backend) -> None:
+    if server.exited() is not None:
+        return
+    reason = hang_reason(
+        now=time.monotonic(),
+        started_at=server.started_at,
+        probe_since=backend.probe_since,
+        stalled_for=backend.stalled_for(time.monotonic()),
+        hang_timeout=state.hang_timeout,
+        stall_timeout=0.9 * state.service.limits.request_timeout,
+    )
+    if reason is None:
+        return
+    log.error(
+        "llama-server on %s is alive but %s: killing it to restart it; its log ends:\n%s",
+        server.spec.url,
+        reason,
+        server.log_tail(),
+    )
+    server.kill()
+    backend.forget_liveness()
+    state.service.metrics.hangs.inc()
 
 
 def lifespan(state: AppState):

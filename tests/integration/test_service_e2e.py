@@ -237,6 +237,55 @@ def test_backend_killed_under_load_is_restarted(live) -> None:
     assert embed(live.url, input=TEXT)["data"]
 
 
+def _hangs(url: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return float(
+        next(
+            ln.split()[1]
+            for ln in text.splitlines()
+            if ln.startswith("vlembed_backend_hangs_total")
+        )
+    )
+
+
+def test_backend_frozen_under_load_is_killed_and_restarted(live) -> None:
+    """A llama-server that is alive but answers nothing (SIGSTOP: what a deadlock or a thrashing
+    machine looks like from outside) is killed and restarted. Nothing restarts a live process
+    otherwise: every request to it would wait for the request timeout, for ever after."""
+    server = next(s for s, task in live.state.managed if task == "retrieval")
+    restarts, hangs = server.restarts, _hangs(live.url)
+    reqs = [
+        r
+        for r in mixed_requests(40, seed=5)
+        if r.get("task", "retrieval.query").startswith("retrieval")
+    ]
+
+    def send(r: dict) -> int:
+        try:
+            return httpx.post(live.url + "/v1/embeddings", json=r, timeout=90).status_code
+        except httpx.HTTPError:
+            return -1
+
+    live.state.hang_timeout = 3.0
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(send, r) for r in reqs[:12]]
+            time.sleep(0.3)
+            frozen = server.proc
+            os.kill(frozen.pid, signal.SIGSTOP)
+            statuses = [f.result(timeout=120) for f in futures]
+    finally:
+        live.state.hang_timeout = 60.0
+    assert frozen.poll() == -signal.SIGKILL  # killed as it was, stopped
+    assert set(statuses) <= {200, 503}, statuses  # every request ended, none with a 5xx of its own
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and httpx.get(live.url + "/health").status_code != 200:
+        time.sleep(0.3)
+    assert server.restarts == restarts + 1 and server.proc is not frozen
+    assert _hangs(live.url) == hangs + 1
+    assert embed(live.url, input=TEXT, task="retrieval.query")["data"]
+
+
 def _bad_requests(n: int, seed: int) -> list[object]:
     rng = random.Random(seed)
     png = _uri(_img(40, 40, 0))

@@ -16,6 +16,7 @@ LIMITS = (
     "max_image_bytes",
     "max_queue",
     "request_timeout",
+    "hang_timeout",
     "max_connections",
     "ctx_size",
 )

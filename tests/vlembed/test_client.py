@@ -171,6 +171,17 @@ def test_retries_503_and_429_honouring_retry_after() -> None:
     assert sleeps == [2.0, 0.5]
 
 
+def test_the_services_own_timeout_504_is_retried() -> None:
+    """A 504 is the service giving up on a backend that answered nothing, which it restarts:
+    the next attempt can succeed, as after a timeout of the client's own."""
+    server = Server(
+        [lambda r: httpx.Response(504, json={"error": {"message": "slow"}}), embeddings_ok]
+    )
+    sleeps: list[float] = []
+    assert len(backend(server, sleeps).embed(["a"], task="retrieval.query", multivector=False)) == 1
+    assert sleeps == [0.5]
+
+
 def test_retry_after_is_capped_and_backoff_used_without_header() -> None:
     server = Server(
         [
