@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vlembed.children import dying_with_parent
+
 log = logging.getLogger("vlembed.supervisor")
 
 
@@ -139,7 +141,9 @@ class ManagedServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logf = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
         self.proc = subprocess.Popen(
-            self.spec.argv(),
+            dying_with_parent(
+                self.spec.argv()
+            ),  # SIGKILL when the service dies without stopping it
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

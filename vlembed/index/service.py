@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from vlembed.children import dying_with_parent
+
 __all__ = ["LocalService", "local_service", "local_service_process"]
 
 
@@ -44,8 +46,8 @@ class LocalService:
 
     Attributes:
         url: Its root URL.
-        pid: Its process id, also the id of the process group holding its llama-servers
-            (``os.killpg(pid, SIGKILL)`` takes the replica down as a crashed machine would).
+        pid: Its process id, also the id of its process group; its llama-servers die with it
+            (``os.kill(pid, SIGKILL)`` takes the replica down as a crashed machine would).
     """
 
     url: str
@@ -84,7 +86,8 @@ def local_service_process(
     url = f"http://127.0.0.1:{port}"
     print(f"starting {' '.join(cmd[1:])} (log: {log_path})", file=sys.stderr)
     proc = subprocess.Popen(
-        cmd,
+        # SIGTERM (a clean stop of its llama-servers) when this thread ends without stopping it
+        dying_with_parent(cmd, "TERM"),
         stdout=log_fd,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -116,7 +119,8 @@ def local_service_process(
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the service (it stops its llama-servers), SIGKILL to the group if it hangs.
 
-    A service that died on its own may have left llama-servers in its group: they are killed.
+    A service that died on its own took its llama-servers with it (parent-death signal); what
+    is left of its process group is killed.
     """
     if proc.poll() is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
