@@ -140,10 +140,9 @@ class ManagedServer:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logf = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
+        # SIGKILL when the service dies without stopping it
         self.proc = subprocess.Popen(
-            dying_with_parent(
-                self.spec.argv()
-            ),  # SIGKILL when the service dies without stopping it
+            dying_with_parent(self.spec.argv()),
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

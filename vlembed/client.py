@@ -8,9 +8,8 @@ Users, the evaluation harness, the benchmark and the index all talk to the servi
 - **Retries only where waiting helps.** Timeouts, the client's own and the service's (``504``:
   a backend that answered nothing in time is restarted by the service), and ``429``/``503`` (the
   service's answer when it is full or a backend is starting) are retried with backoff, honouring
-  ``Retry-After``. Any other
-  4xx/5xx fails at once with the server's own message: an invalid request does not become valid
-  by sending it again.
+  ``Retry-After``. Any other 4xx/5xx fails at once with the server's own message: an invalid
+  request does not become valid by sending it again.
 - **One exception type.** Every failure surfaces as :class:`vlembed.errors.ServiceError`,
   chained to the httpx exception that caused it; httpx errors are translated only here.
 - **Bounded requests.** Inputs are sent in chunks (item count and payload bytes).

@@ -85,11 +85,12 @@ def _backend_of(state: AppState, server: ManagedServer, task: str) -> Backend:
 def _kill_if_hung(state: AppState, server: ManagedServer, backend: Backend) -> None:
     if server.exited() is not None:
         return
+    now = time.monotonic()
     reason = hang_reason(
-        now=time.monotonic(),
+        now=now,
         started_at=server.started_at,
         probe_since=backend.probe_since,
-        stalled_for=backend.stalled_for(time.monotonic()),
+        stalled_for=backend.stalled_for(now),
         hang_timeout=state.hang_timeout,
         stall_timeout=0.9 * state.service.limits.request_timeout,
     )
