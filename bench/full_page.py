@@ -207,6 +207,27 @@ def _median_range(xs: list[float]) -> str:
     return f"{statistics.median(xs):.1f} ({min(xs):.1f}–{max(xs):.1f})"
 
 
+# Load average (1 min) on 2 cores below which the machine counts as otherwise idle: the engine
+# itself accounts for up to ~2.
+IDLE_LOAD = 2.5
+
+
+def _load_line(engines: dict) -> str:
+    """Whether the machine was otherwise idle, as the load averages recorded around the engines
+    say (a shared machine's neighbours move these numbers)."""
+    loads = [r[k]["load1"] for r in engines.values() for k in ("before", "after") if k in r]
+    if loads and max(loads) <= IDLE_LOAD:
+        return (
+            f"- machine otherwise idle: load average (1 min) {min(loads):.1f}–{max(loads):.1f} "
+            "around the engines (one engine on 2 threads accounts for up to 2)."
+        )
+    return (
+        "- **run on a loaded, shared machine**: other jobs ran at the same time, so absolute "
+        "times are inflated and the ratios are noisy; the load average (1 min) around each "
+        "engine is in the table."
+    )
+
+
 def report_section(results: dict) -> str:
     """The markdown section: one table, the machine, the load it ran under."""
     m = results["machine"]
@@ -230,9 +251,7 @@ def report_section(results: dict) -> str:
         "",
         f"- machine: {m['processor']}, {m['cpu_count']} cores, {m['threads']} threads used, "
         f"{m['mem_total_gb']:.0f} GB RAM; date {results['date']}",
-        "- **run on a loaded, shared machine**: other jobs (C++ builds, test suites) ran at the "
-        "same time, so absolute times are inflated and the ratios are noisy; the load average "
-        "(1 min) around each engine is in the table.",
+        _load_line(engines),
         *([f"- {results['note']}"] if results.get("note") else []),
         "",
         "| engine | pages | s/page | × HF f32 | peak RSS (GB) | load: s, peak RSS (GB) | "

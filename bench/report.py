@@ -60,6 +60,11 @@ def _chart(results: dict, path: Path) -> bool:
     return True
 
 
+def _batch_images(run: dict) -> str:
+    """The images of a batching run; runs recorded before mixed sizes name one square size."""
+    return run["images"] if "images" in run else f"{run['size']}x{run['size']}"
+
+
 def write_report(results: dict, out: Path) -> None:
     m = results["machine"]
     lines = [
@@ -158,8 +163,9 @@ def write_report(results: dict, out: Path) -> None:
             "",
             f"## Batched vision encoding ({vb['variant']}, requests in flight = slots)",
             "",
-            "Same-size images of concurrent requests in one vision forward (patch 0006, "
-            "`--vision-batch-tokens 1024`) against one image per forward (`1`).",
+            "The images of concurrent requests in one vision forward (patch 0006 for one size, "
+            "0009 for mixed sizes; `--vision-batch-tokens` > 1) against one image per forward "
+            "(`1`).",
             "",
             "| images | in flight | --vision-batch-tokens | images/s | "
             "llama-server peak RSS (MB) |",
@@ -167,7 +173,7 @@ def write_report(results: dict, out: Path) -> None:
         ]
         for r in vb["runs"].values():
             lines.append(
-                f"| {r['size']}x{r['size']} | {r['in_flight']} | {r['vision_batch_tokens']} | "
+                f"| {_batch_images(r)} | {r['in_flight']} | {r['vision_batch_tokens']} | "
                 f"{_fmt(r['images_per_s'])} | {r['peak_rss_mb']:.0f} |"
             )
     if "patch_transport" in results:

@@ -287,14 +287,27 @@ def bench_concurrency(
     return out
 
 
+# (label, image sizes of the requests in flight); in flight = slots. Mixed sizes only share a
+# forward since patch 0009.
+BATCHING_CASES = (
+    ("448x448", [(448, 448)] * 4),
+    ("224x224", [(224, 224)] * 8),
+    ("448x448, 336x448, 448x336, 392x392", [(448, 448), (336, 448), (448, 336), (392, 392)]),
+    ("pages 1275x1650 + 1650x1275", [(1275, 1650), (1650, 1275)]),
+)
+
+
 def bench_vision_batching(model_dir: Path, variant: str, threads: int, repeats: int) -> dict:
-    """Same-size images of concurrent requests in one vision forward (patch 0006) against one
+    """The images of concurrent requests in one vision forward (patches 0006, 0009) against one
     image per forward: throughput with as many requests in flight as slots, and peak memory."""
+    from preprocess_service.supervisor import VISION_BATCH_TOKENS
+
     out = {}
-    for size, in_flight in ((448, 4), (224, 8)):
-        uris = [data_uri(page_image(size, size, seed=s)) for s in range(in_flight)]
+    for label, sizes in BATCHING_CASES:
+        in_flight = len(sizes)
+        uris = [data_uri(page_image(w, h, seed=s)) for s, (w, h) in enumerate(sizes)]
         bodies = [{"input": [{"image": u}], "task": "retrieval.passage"} for u in uris]
-        for tokens in (1, 1024):
+        for tokens in (1, VISION_BATCH_TOKENS):
             svc = ServeProcess(
                 model_dir, variant, threads, parallel=in_flight, vision_batch_tokens=tokens
             )
@@ -307,8 +320,8 @@ def bench_vision_batching(model_dir: Path, variant: str, threads: int, repeats: 
                         with ThreadPoolExecutor(in_flight) as pool:
                             list(pool.map(lambda b, svc=svc: svc.post(client, b), bodies * 2))
                         rates.append(2 * in_flight / (time.perf_counter() - t))
-                    out[f"{size}x{size}, {in_flight} in flight, batch {tokens}"] = {
-                        "size": size,
+                    out[f"{label}, {in_flight} in flight, batch {tokens}"] = {
+                        "images": label,
                         "in_flight": in_flight,
                         "vision_batch_tokens": tokens,
                         "images_per_s": stats(rates),

@@ -7,7 +7,7 @@
 #   VLEMBED_VARIANT       f32 | f16 | bf16 | Q8_0 | Q4_K_M | IQ4_XS            default f16
 #   VLEMBED_FLASH_ATTN    auto | on | off (auto: off for f32, on otherwise)   default auto
 #   VLEMBED_REPACK        auto | on | off (auto: off for K-quant / IQ variants) default auto
-#   VLEMBED_VISION_BATCH_TOKENS  image tokens per shared vision forward; 1 = off  default 1024
+#   VLEMBED_VISION_BATCH_TOKENS  image tokens per shared vision forward; 1 = off  default 2048
 #   VLEMBED_MMPROJ_DTYPE  dtype of mmproj-<dtype>.gguf; default: the only one in the directory
 #   VLEMBED_PARALLEL      slots (-np)                                          default 2
 #   VLEMBED_CTX_SIZE      context of one slot, in tokens                       default 4096
@@ -55,7 +55,7 @@ ctx=${VLEMBED_CTX_SIZE:-4096}
 threads=${VLEMBED_THREADS:-}
 port=${VLEMBED_LLAMA_PORT:-8080}
 
-vision_batch=${VLEMBED_VISION_BATCH_TOKENS:-1024}
+vision_batch=${VLEMBED_VISION_BATCH_TOKENS:-2048}
 positive_int VLEMBED_PARALLEL "$parallel"
 positive_int VLEMBED_VISION_BATCH_TOKENS "$vision_batch"
 positive_int VLEMBED_CTX_SIZE "$ctx"

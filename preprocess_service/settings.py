@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from preprocess_service.supervisor import VISION_BATCH_TOKENS
 from vlembed.constants import VARIANTS
 
 AutoOnOff = Literal["auto", "on", "off"]
@@ -85,10 +86,10 @@ class ServeSettings(BaseSettings):
         "like the text variant if converted (--mmproj-quant), else bf16, f16, f32",
     )
     vision_batch_tokens: int = Field(
-        1024,
-        description="encode same-size images of concurrent requests in one vision forward, up to "
-        "this many image tokens (a 448x448 image is 256); 1 turns it off. Measured on 2 CPU "
-        "cores: 0-15%% more images/s with 4-8 requests in flight, 110-230 MB more peak memory",
+        VISION_BATCH_TOKENS,
+        description="encode the images of concurrent requests (any sizes) in one vision forward, "
+        "up to this many image tokens (a 448x448 image is 256, a 1275x1650 page 744); 1 turns "
+        "it off. Measured on 2 CPU cores: see docs/BENCHMARKS.md (batched vision encoding)",
     )
     patch_transport: Literal["auto", "f32"] = Field(
         "auto",

@@ -41,6 +41,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+# Image tokens per shared vision forward: two document pages (744 tokens each at jina-v4's
+# max_pixels; llama.cpp's own 1024 admitted only one). The tower's activations grow with it
+# (flash attention keeps the per-image attention linear in memory).
+VISION_BATCH_TOKENS = 2048
+
+
 @dataclass(frozen=True)
 class ServerSpec:
     """How to start one llama-server. ``ctx_per_slot`` also sizes the (u)batch: llama.cpp
@@ -62,9 +68,9 @@ class ServerSpec:
     mmproj_flash_attn: str = "on"
     # CPU weight repacking: off lets K-quants reach ggml's tiled VNNI kernels (serve decides).
     repack: bool = True
-    # Images of one grid from requests in flight together are encoded in one vision forward, up
-    # to this many output tokens (patch 0006; llama.cpp's own default); 1 turns it off.
-    vision_batch_tokens: int = 1024
+    # Images of requests in flight together are encoded in one vision forward, up to this many
+    # output tokens (patches 0006, 0009); 1 turns it off.
+    vision_batch_tokens: int = VISION_BATCH_TOKENS
     # Upper bound of merged image tokens per image (llama-server --image-max-tokens): the server
     # admits precomputed patches up to 4x this many patches and refuses larger grids with a 400.
     # Unset, llama.cpp's Qwen2.5-VL default of 4096 tokens (16384 patches) applies, whose window

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from preprocess_service.supervisor import VISION_BATCH_TOKENS
 from tests.deploy.deploy_helpers import (
     DOCKER,
     LLAMA_PORT,
@@ -68,7 +69,7 @@ def test_llama_server_command_line_defaults(model_dir: Path, tmp_path: Path) -> 
         "--no-webui": True,
         "-fa": "on",  # auto: on for the f16 default, off only for f32
         "--mmproj-flash-attn": "on",
-        "--mtmd-batch-max-tokens": "1024",
+        "--mtmd-batch-max-tokens": str(VISION_BATCH_TOKENS),  # serve's default
         "--image-max-tokens": str(MANIFEST_IMAGE_MAX_TOKENS),  # manifest max_pixels / 28²
     }
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from preprocess_service.backend import Backend
-from preprocess_service.supervisor import ManagedServer, ServerSpec, free_port
+from preprocess_service.supervisor import VISION_BATCH_TOKENS, ManagedServer, ServerSpec, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -79,9 +79,9 @@ def retrieval_server(
         tiny_converted / "text-retrieval-f32.gguf",
         tiny_converted / "mmproj-f32.gguf",
         tmp_path_factory.mktemp("logs"),
-        # concurrent same-size images share vision forwards here, so the concurrency tests
-        # also hold batched encoding to the parity bound
-        vision_batch_tokens=1024,
+        # concurrent images share vision forwards here as under `vlembed serve`, so the
+        # concurrency tests also hold batched encoding to the parity bound
+        vision_batch_tokens=VISION_BATCH_TOKENS,
     )
     yield server
     server.stop()

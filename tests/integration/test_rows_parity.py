@@ -49,6 +49,31 @@ def _check(rows: np.ndarray, ref) -> tuple[float, float]:
     return float(cos.min()), float(pooled @ ref.single)
 
 
+# Patch 0009: eight images of eight different grids: whole windows, padded edge windows, a single
+# window, a 1:8 strip; 268 image tokens together, under the server's 1024-token batch bound.
+MIXED_GRIDS = [
+    (100, 150),
+    (224, 224),
+    (56, 84),
+    (40, 320),
+    (150, 70),
+    (170, 110),
+    (300, 200),
+    (120, 400),
+]
+
+
+def _vision_forwards(log, start: int) -> list[int]:
+    """Images per shared vision forward logged since byte ``start``."""
+    with log.open("rb") as f:
+        f.seek(start)
+        return [
+            int(line.split(b"encoded the images of ")[1].split()[0])
+            for line in f
+            if b"in one vision forward" in line
+        ]
+
+
 def test_text_rows(retrieval_server, tiny_reference) -> None:
     ref = tiny_reference.encode_text("The quick brown fox jumps over the lazy dog.", "query")
     got = run(
@@ -128,18 +153,67 @@ def test_same_size_images_of_concurrent_requests_share_a_vision_forward(
         )
 
     got = run(together())
-    with log.open("rb") as f:
-        f.seek(start)
-        batched = [
-            int(line.split(b"encoded the images of ")[1].split()[0])
-            for line in f
-            if b"in one vision forward" in line
-        ]
+    batched = _vision_forwards(log, start)
     assert batched and max(batched) >= 2, "no two images shared a vision forward"
     for im, g in zip(imgs, got, strict=True):
         row_min, pooled = _check(g.rows, tiny_reference.encode_image(im))
         assert row_min >= BOUND and pooled >= BOUND
     print(f"vision forwards with several images: {batched}")
+
+
+def test_images_of_different_grids_share_a_vision_forward(retrieval_server, tiny_reference) -> None:
+    """Patch 0009: concurrent images of different sizes are encoded as one sequence (per-image
+    attention, windows padded to the forward's largest); every request still gets its own
+    image's rows within the bound. Every grid here differs, so any shared forward mixes grids."""
+    url = retrieval_server.spec.url
+    imgs = [_img(w, h, 60 + i) for i, (w, h) in enumerate(MIXED_GRIDS)]
+    assert len({patchify(im)[1] for im in imgs}) == len(imgs)
+    start = retrieval_server.log_path.stat().st_size
+
+    async def together():
+        return await asyncio.gather(
+            *(
+                backend_rows(url, IMAGE_TEMPLATE.format(image="<IMG>"), [patchify(im)])
+                for im in imgs
+            )
+        )
+
+    got = run(together())
+    batched = _vision_forwards(retrieval_server.log_path, start)
+    assert batched and max(batched) >= 2, "no two images of different grids shared a forward"
+    worst = 1.0
+    for im, g in zip(imgs, got, strict=True):
+        ref = tiny_reference.encode_image(im)
+        assert [c.n_rows for c in g.image_chunks] == [int(ref.image_token_mask.sum())]
+        row_min, pooled = _check(g.rows, ref)
+        worst = min(worst, row_min, pooled)
+        assert row_min >= BOUND and pooled >= BOUND
+    print(f"vision forwards with several images: {batched}; worst cos {worst:.7f}")
+
+
+def test_pages_of_different_sizes_share_a_vision_forward(retrieval_server, tiny_reference) -> None:
+    """Patch 0009 with serve's default --vision-batch-tokens: concurrent document pages of
+    different grids (744-748 image tokens each, two fit the default) are encoded in shared
+    forwards, each within the bound. The first page to arrive starts alone; the ones that arrive
+    while it is encoded start together."""
+    url = retrieval_server.spec.url
+    sizes = [(1275, 1650), (1700, 1100), (1650, 1275), (1100, 1700)]
+    pages = [_img(w, h, 70 + i) for i, (w, h) in enumerate(sizes)]
+    assert len({patchify(p)[1] for p in pages}) == len(pages)
+    start = retrieval_server.log_path.stat().st_size
+
+    async def together():
+        return await asyncio.gather(
+            *(backend_rows(url, IMAGE_TEMPLATE.format(image="<IMG>"), [patchify(p)]) for p in pages)
+        )
+
+    got = run(together())
+    batched = _vision_forwards(retrieval_server.log_path, start)
+    assert batched and max(batched) >= 2, "no two pages shared a vision forward"
+    for page, g in zip(pages, got, strict=True):
+        row_min, pooled = _check(g.rows, tiny_reference.encode_image(page))
+        print(f"page {page.size}: min row cos {row_min:.7f} pooled {pooled:.7f}")
+        assert row_min >= BOUND and pooled >= BOUND
 
 
 def _post(url: str, content: dict) -> httpx.Response:
