@@ -101,3 +101,14 @@ async def backend_rows(url: str, prompt: str, images=(), timeout: float = 120.0)
 def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     assert a.shape == b.shape, (a.shape, b.shape)
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def vision_forwards(log: Path, start: int) -> list[int]:
+    """Images per shared vision forward that llama-server logged since byte ``start``."""
+    with log.open("rb") as f:
+        f.seek(start)
+        return [
+            int(line.split(b"encoded the images of ")[1].split()[0])
+            for line in f
+            if b"in one vision forward" in line
+        ]

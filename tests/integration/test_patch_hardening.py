@@ -29,7 +29,7 @@ from preprocess_service.image import patchify
 from preprocess_service.supervisor import ManagedServer, ServerSpec, free_port
 from vlembed.tasks import IMAGE_TEMPLATE
 
-from .conftest import backend_rows, row_cosines, run, start_spec
+from .conftest import backend_rows, row_cosines, run, start_spec, vision_forwards
 
 pytestmark = pytest.mark.integration
 BOUND = 0.99999
@@ -259,16 +259,6 @@ def batching_server(server_binary, tiny_converted, tmp_path_factory) -> Iterator
     server.stop()
 
 
-def _batched_forwards(log: Path, start: int) -> list[int]:
-    with log.open("rb") as f:
-        f.seek(start)
-        return [
-            int(line.split(b"encoded the images of ")[1].split()[0])
-            for line in f
-            if b"in one vision forward" in line
-        ]
-
-
 def test_raw_images_of_one_size_are_encoded_one_at_a_time(batching_server) -> None:
     """Raw (llama.cpp-preprocessed) images of one size from concurrent requests: the Qwen-VL
     batch dimension is the temporal one for them, so each is encoded alone and every request
@@ -304,7 +294,7 @@ def test_raw_images_of_one_size_are_encoded_one_at_a_time(batching_server) -> No
     for a, r in zip(alone, run(together()), strict=True):
         assert r.status_code == 200, r.text[:300]
         assert row_cosines(a, _rows(r.content)).min() >= BOUND
-    assert _batched_forwards(batching_server.log_path, start) == []
+    assert vision_forwards(batching_server.log_path, start) == []
     assert batching_server.exited() is None
 
 

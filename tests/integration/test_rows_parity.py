@@ -18,7 +18,7 @@ from PIL import Image
 from preprocess_service.image import patchify
 from vlembed.tasks import IMAGE_TEMPLATE
 
-from .conftest import backend_rows, row_cosines, run
+from .conftest import backend_rows, row_cosines, run, vision_forwards
 
 pytestmark = pytest.mark.integration
 BOUND = 0.99999
@@ -61,17 +61,6 @@ MIXED_GRIDS = [
     (300, 200),
     (120, 400),
 ]
-
-
-def _vision_forwards(log, start: int) -> list[int]:
-    """Images per shared vision forward logged since byte ``start``."""
-    with log.open("rb") as f:
-        f.seek(start)
-        return [
-            int(line.split(b"encoded the images of ")[1].split()[0])
-            for line in f
-            if b"in one vision forward" in line
-        ]
 
 
 def test_text_rows(retrieval_server, tiny_reference) -> None:
@@ -153,7 +142,7 @@ def test_same_size_images_of_concurrent_requests_share_a_vision_forward(
         )
 
     got = run(together())
-    batched = _vision_forwards(log, start)
+    batched = vision_forwards(log, start)
     assert batched and max(batched) >= 2, "no two images shared a vision forward"
     for im, g in zip(imgs, got, strict=True):
         row_min, pooled = _check(g.rows, tiny_reference.encode_image(im))
@@ -179,7 +168,7 @@ def test_images_of_different_grids_share_a_vision_forward(retrieval_server, tiny
         )
 
     got = run(together())
-    batched = _vision_forwards(retrieval_server.log_path, start)
+    batched = vision_forwards(retrieval_server.log_path, start)
     assert batched and max(batched) >= 2, "no two images of different grids shared a forward"
     worst = 1.0
     for im, g in zip(imgs, got, strict=True):
@@ -208,7 +197,7 @@ def test_pages_of_different_sizes_share_a_vision_forward(retrieval_server, tiny_
         )
 
     got = run(together())
-    batched = _vision_forwards(retrieval_server.log_path, start)
+    batched = vision_forwards(retrieval_server.log_path, start)
     assert batched and max(batched) >= 2, "no two pages shared a vision forward"
     for page, g in zip(pages, got, strict=True):
         row_min, pooled = _check(g.rows, tiny_reference.encode_image(page))
