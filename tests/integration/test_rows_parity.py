@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from preprocess_service.image import patchify
+from preprocess_service.supervisor import VISION_BATCH_TOKENS
 from vlembed.tasks import IMAGE_TEMPLATE
 
 from .conftest import backend_rows, row_cosines, run, vision_forwards
@@ -209,6 +210,56 @@ def _post(url: str, content: dict) -> httpx.Response:
     return httpx.post(
         url + "/embeddings", json={"content": content, "rows_format": "f32"}, timeout=60
     )
+
+
+# 20 sizes, 20 different grids: more concurrent images than one forward may hold
+MANY_SIZES = [(56 + 28 * (i % 5), 56 + 28 * (i // 5)) for i in range(20)]
+MAX_IMAGES_PER_FORWARD = 16  # patch 0009: clip_precomputed_max_images
+
+
+@pytest.fixture(scope="module")
+def wide_server(server_binary, tiny_converted, tmp_path_factory):
+    """20 slots, so more images can be ready to encode at once than one forward holds."""
+    from .conftest import start_server
+
+    server = start_server(
+        server_binary,
+        tiny_converted / "text-retrieval-f32.gguf",
+        tiny_converted / "mmproj-f32.gguf",
+        tmp_path_factory.mktemp("logs"),
+        parallel=len(MANY_SIZES),
+        ctx=512,
+        vision_batch_tokens=VISION_BATCH_TOKENS,
+    )
+    yield server
+    server.stop()
+
+
+def test_a_vision_forward_holds_at_most_16_images(wide_server, tiny_reference) -> None:
+    """Patch 0009: images of different sizes add per-image attention nodes to the vision graph,
+    so a forward stops at 16 images; 20 concurrent small images of 20 grids all come back
+    within the bound, the server alive."""
+    url = wide_server.spec.url
+    imgs = [_img(w, h, 90 + i) for i, (w, h) in enumerate(MANY_SIZES)]
+    assert len({patchify(im)[1] for im in imgs}) == len(imgs)
+    start = wide_server.log_path.stat().st_size
+
+    async def together():
+        return await asyncio.gather(
+            *(
+                backend_rows(url, IMAGE_TEMPLATE.format(image="<IMG>"), [patchify(im)])
+                for im in imgs
+            )
+        )
+
+    got = run(together())
+    batched = vision_forwards(wide_server.log_path, start)
+    assert batched and max(batched) <= MAX_IMAGES_PER_FORWARD
+    assert wide_server.exited() is None
+    for im, g in zip(imgs, got, strict=True):
+        row_min, pooled = _check(g.rows, tiny_reference.encode_image(im))
+        assert row_min >= BOUND and pooled >= BOUND
+    print(f"vision forwards with several images: {batched}")
 
 
 def test_malformed_patch_payloads_are_400(retrieval_server) -> None:
