@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from preprocess_service.image import patchify
+from preprocess_service.image import patch_levels, patchify
 from preprocess_service.supervisor import VISION_BATCH_TOKENS
 from vlembed.tasks import IMAGE_TEMPLATE
 
@@ -62,6 +62,20 @@ MIXED_GRIDS = [
     (300, 200),
     (120, 400),
 ]
+
+
+def _concurrent_image_requests(url: str, images: list[Image.Image], compact: bool = False):
+    """One image request per image, all in flight at once (so they can share vision forwards).
+    ``compact``: VLP1 bodies (1.75 MB a page, bit-identical rows) instead of f32 JSON, whose
+    encoding (~19 MB a page, one after another on the event loop) would stagger the requests
+    by about a tiny model's page encode."""
+    to_patches = patch_levels if compact else patchify
+
+    async def together():
+        prompt = IMAGE_TEMPLATE.format(image="<IMG>")
+        return await asyncio.gather(*(backend_rows(url, prompt, [to_patches(im)]) for im in images))
+
+    return run(together())
 
 
 def test_text_rows(retrieval_server, tiny_reference) -> None:
@@ -133,16 +147,7 @@ def test_same_size_images_of_concurrent_requests_share_a_vision_forward(
     imgs = [_img(100, 150, 40 + i) for i in range(8)]  # one grid, eight different images
     start = log.stat().st_size
 
-    async def together():
-        # a barrier so that the requests reach llama-server in the same scheduling round
-        return await asyncio.gather(
-            *(
-                backend_rows(url, IMAGE_TEMPLATE.format(image="<IMG>"), [patchify(im)])
-                for im in imgs
-            )
-        )
-
-    got = run(together())
+    got = _concurrent_image_requests(url, imgs)
     batched = vision_forwards(log, start)
     assert batched and max(batched) >= 2, "no two images shared a vision forward"
     for im, g in zip(imgs, got, strict=True):
@@ -160,15 +165,7 @@ def test_images_of_different_grids_share_a_vision_forward(retrieval_server, tiny
     assert len({patchify(im)[1] for im in imgs}) == len(imgs)
     start = retrieval_server.log_path.stat().st_size
 
-    async def together():
-        return await asyncio.gather(
-            *(
-                backend_rows(url, IMAGE_TEMPLATE.format(image="<IMG>"), [patchify(im)])
-                for im in imgs
-            )
-        )
-
-    got = run(together())
+    got = _concurrent_image_requests(url, imgs)
     batched = vision_forwards(retrieval_server.log_path, start)
     assert batched and max(batched) >= 2, "no two images of different grids shared a forward"
     worst = 1.0
@@ -192,12 +189,7 @@ def test_pages_of_different_sizes_share_a_vision_forward(retrieval_server, tiny_
     assert len({patchify(p)[1] for p in pages}) == len(pages)
     start = retrieval_server.log_path.stat().st_size
 
-    async def together():
-        return await asyncio.gather(
-            *(backend_rows(url, IMAGE_TEMPLATE.format(image="<IMG>"), [patchify(p)]) for p in pages)
-        )
-
-    got = run(together())
+    got = _concurrent_image_requests(url, pages, compact=True)
     batched = vision_forwards(retrieval_server.log_path, start)
     assert batched and max(batched) >= 2, "no two pages shared a vision forward"
     for page, g in zip(pages, got, strict=True):
@@ -244,15 +236,7 @@ def test_a_vision_forward_holds_at_most_16_images(wide_server, tiny_reference) -
     assert len({patchify(im)[1] for im in imgs}) == len(imgs)
     start = wide_server.log_path.stat().st_size
 
-    async def together():
-        return await asyncio.gather(
-            *(
-                backend_rows(url, IMAGE_TEMPLATE.format(image="<IMG>"), [patchify(im)])
-                for im in imgs
-            )
-        )
-
-    got = run(together())
+    got = _concurrent_image_requests(url, imgs)
     batched = vision_forwards(wide_server.log_path, start)
     assert batched and max(batched) <= MAX_IMAGES_PER_FORWARD
     assert wide_server.exited() is None
