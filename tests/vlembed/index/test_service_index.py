@@ -32,7 +32,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def service(tiny_converted: Path) -> Iterator[str]:
-    with local_service(str(tiny_converted), ["--parallel", "2", "--threads", "2"]) as url:
+    # scores are compared with a second embedding of the same pages to 1e-5: one image per vision
+    # forward, so that rows do not depend on what shared a forward (llama_patches/README.md 0009)
+    flags = ["--parallel", "2", "--threads", "2", "--vision-batch-tokens", "1"]
+    with local_service(str(tiny_converted), flags) as url:
         yield url
 
 
